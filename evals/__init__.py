@@ -1,0 +1,1 @@
+"""Evals: answer stability, gate agreement, KV cost, offline runs over retrieval datasets."""

@@ -1,0 +1,1 @@
+"""The gate: adapter format, prompt layout, threshold policy, training and calibration."""

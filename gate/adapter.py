@@ -1,0 +1,291 @@
+"""The gate adapter on disk: a PEFT SEQ_CLS LoRA adapter on the last k layers plus `gate.json`.
+
+Layout of an adapter directory:
+- `adapter_config.json`, `adapter_model.safetensors`: a standard PEFT adapter, `task_type=SEQ_CLS`,
+  LoRA with `layers_to_transform` inside `[N-k, N)`, `modules_to_save=["score"]` (the 3-way head,
+  `Linear(hidden, 3, bias=False)` on the final-normed last token, as HF's `*ForSequenceClassification`);
+- `gate.json`: label order, default thresholds, the invocation suffix, the three reserved action
+  tokens, `k`, and the base model's identity.
+
+Loading validates all of it against a base model directory and names the fix for each problem.
+This module does not run models; `gatehead.runtime` does.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gatehead.gate.policy import LABELS, Thresholds
+from gatehead.gate.weights import fingerprint, read_headers
+
+GATE_JSON = "gate.json"
+FORMAT_VERSION = 1
+DEFAULT_K = 4
+DEFAULT_SUFFIX = "<|gate|>"
+DEFAULT_ACTION_TOKENS = ("<|gate_answer|>", "<|gate_refuse|>", "<|gate_search|>")
+DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+_LAYER_RE = re.compile(r"\.layers\.(\d+)\.")
+
+
+class AdapterError(ValueError):
+    """A gate adapter that does not fit its base model or the format."""
+
+
+@dataclass(frozen=True)
+class BaseIdentity:
+    """Which base model an adapter was trained on."""
+
+    architecture: str
+    hidden_size: int
+    num_layers: int
+    fingerprint: str
+
+    @classmethod
+    def of_model(cls, model_dir: str | Path) -> BaseIdentity:
+        """Read the identity of the HF checkpoint in `model_dir`."""
+        model_dir = Path(model_dir)
+        config_file = model_dir / "config.json"
+        if not config_file.exists():
+            raise AdapterError(f"{model_dir} has no config.json: pass the directory of an HF checkpoint")
+        config = json.loads(config_file.read_text())
+        text = config.get("text_config", config)
+        archs = config.get("architectures") or ["?"]
+        return cls(archs[0], int(text["hidden_size"]), int(text["num_hidden_layers"]), fingerprint(model_dir))
+
+
+@dataclass(frozen=True)
+class GateSpec:
+    """The contents of `gate.json`."""
+
+    k: int
+    base: BaseIdentity
+    labels: tuple[str, ...] = LABELS
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    suffix: str = DEFAULT_SUFFIX
+    action_tokens: tuple[str, ...] = DEFAULT_ACTION_TOKENS
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format_version": FORMAT_VERSION,
+            "labels": list(self.labels),
+            "thresholds": self.thresholds.to_dict(),
+            "suffix": self.suffix,
+            "action_tokens": list(self.action_tokens),
+            "k": self.k,
+            "base": {
+                "architecture": self.base.architecture,
+                "hidden_size": self.base.hidden_size,
+                "num_layers": self.base.num_layers,
+                "fingerprint": self.base.fingerprint,
+            },
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = GATE_JSON) -> GateSpec:
+        if data.get("format_version") != FORMAT_VERSION:
+            raise AdapterError(f"{where}: format_version {data.get('format_version')!r} is not "
+                               f"{FORMAT_VERSION}; re-save the adapter with this gatehead")
+        try:
+            labels = tuple(data["labels"])
+            if sorted(labels) != sorted(LABELS):
+                raise AdapterError(f"{where}: labels must be the three {list(LABELS)} (any order, "
+                                   f"each once), got {list(labels)}")
+            try:
+                thresholds = Thresholds.from_dict(data["thresholds"])
+            except (ValueError, TypeError) as e:
+                raise AdapterError(f"{where}: {e}; thresholds are probabilities, set them in [0, 1]") from e
+            base = BaseIdentity(**data["base"])
+            spec = cls(k=int(data["k"]), base=base, labels=labels, thresholds=thresholds,
+                       suffix=str(data["suffix"]), action_tokens=tuple(data["action_tokens"]))
+        except KeyError as e:
+            raise AdapterError(f"{where}: missing field {e}") from e
+        if len(spec.action_tokens) != 3 or len(set(spec.action_tokens)) != 3:
+            raise AdapterError(f"{where}: action_tokens must be three distinct reserved tokens, "
+                               f"got {list(spec.action_tokens)}")
+        if not 1 <= spec.k < spec.base.num_layers:
+            raise AdapterError(f"{where}: k={spec.k} must be in [1, {spec.base.num_layers - 1}] for a "
+                               f"{spec.base.num_layers}-layer base (at least one layer stays shared)")
+        return spec
+
+
+@dataclass(frozen=True)
+class GateAdapter:
+    """A validated gate adapter directory."""
+
+    path: Path
+    spec: GateSpec
+    rank: int
+    alpha: float
+    target_modules: tuple[str, ...]
+    layers: tuple[int, ...]  # the layers LoRA touches, all >= branch_layer
+    rslora: bool = False
+
+    @property
+    def branch_layer(self) -> int:
+        """Index of the first layer the gate does not share with the base: N - k."""
+        return self.spec.base.num_layers - self.spec.k
+
+    @property
+    def scaling(self) -> float:
+        """The factor of the LoRA delta: x W + (x A) B * scaling."""
+        return self.alpha / (self.rank ** 0.5 if self.rslora else self.rank)
+
+
+def lora_config(num_layers: int, k: int = DEFAULT_K, rank: int = 8, alpha: float = 16.0,
+                target_modules: tuple[str, ...] = DEFAULT_TARGET_MODULES, dropout: float = 0.0):
+    """The PEFT `LoraConfig` of a gate adapter on the last `k` of `num_layers` layers."""
+    from peft import LoraConfig, TaskType
+
+    if not 1 <= k < num_layers:
+        raise ValueError(f"k={k} must be in [1, {num_layers - 1}] for a {num_layers}-layer model")
+    return LoraConfig(
+        task_type=TaskType.SEQ_CLS,
+        r=rank,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=list(target_modules),
+        layers_to_transform=list(range(num_layers - k, num_layers)),
+        layers_pattern="layers",
+        modules_to_save=["score"],
+        bias="none",
+    )
+
+
+def load_gate_adapter(adapter_dir: str | Path, base_dir: str | Path) -> GateAdapter:
+    """Load `adapter_dir` and validate it against the base model in `base_dir`."""
+    adapter_dir, base_dir = Path(adapter_dir), Path(base_dir)
+    for name in ("adapter_config.json", ADAPTER_WEIGHTS, GATE_JSON):
+        if not (adapter_dir / name).exists():
+            raise AdapterError(f"{adapter_dir} has no {name}: a gate adapter directory holds "
+                               f"adapter_config.json, {ADAPTER_WEIGHTS} and {GATE_JSON} "
+                               f"(write one with gatehead.gate.adapter.save_gate_adapter)")
+    try:
+        spec = GateSpec.from_dict(json.loads((adapter_dir / GATE_JSON).read_text()), str(adapter_dir / GATE_JSON))
+    except json.JSONDecodeError as e:
+        raise AdapterError(f"{adapter_dir / GATE_JSON} is not valid JSON: {e}") from e
+    _check_base(spec, BaseIdentity.of_model(base_dir), base_dir)
+    peft_config = json.loads((adapter_dir / "adapter_config.json").read_text())
+    layers = _check_lora(peft_config, adapter_dir, spec)
+    _check_head(adapter_dir, spec.base.hidden_size)
+    _check_tokens(spec, base_dir)
+    return GateAdapter(
+        path=adapter_dir,
+        spec=spec,
+        rank=int(peft_config["r"]),
+        alpha=float(peft_config["lora_alpha"]),
+        rslora=bool(peft_config.get("use_rslora")),
+        target_modules=tuple(sorted(peft_config["target_modules"])),
+        layers=layers,
+    )
+
+
+def save_gate_adapter(model: Any, spec: GateSpec, out_dir: str | Path, base_dir: str | Path) -> GateAdapter:
+    """Save a PEFT SEQ_CLS `model` with `spec` as a gate adapter; validated before it replaces `out_dir`.
+
+    Nothing is left at `out_dir` if validation fails.
+    """
+    out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        (tmp / GATE_JSON).write_text(json.dumps(spec.to_dict(), indent=2) + "\n")
+        load_gate_adapter(tmp, base_dir)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return load_gate_adapter(out_dir, base_dir)
+
+
+def _check_base(spec: GateSpec, actual: BaseIdentity, base_dir: Path) -> None:
+    expected = spec.base
+    for field_name in ("architecture", "hidden_size", "num_layers", "fingerprint"):
+        want, got = getattr(expected, field_name), getattr(actual, field_name)
+        if want != got:
+            raise AdapterError(f"wrong base model: the adapter was trained on a base with {field_name}="
+                               f"{want!r}, but {base_dir} has {got!r}; load it with the base it was "
+                               f"trained on, or retrain it with `gatehead train-gate` on this one")
+
+
+def _check_lora(peft_config: dict[str, Any], adapter_dir: Path, spec: GateSpec) -> tuple[int, ...]:
+    where = adapter_dir / "adapter_config.json"
+    if peft_config.get("peft_type") != "LORA" or peft_config.get("task_type") != "SEQ_CLS":
+        raise AdapterError(f"{where}: a gate adapter is a LoRA adapter with task_type=SEQ_CLS, got "
+                           f"peft_type={peft_config.get('peft_type')!r}, task_type={peft_config.get('task_type')!r}")
+    unsupported = [name for name in ("use_dora", "lora_bias", "use_qalora") if peft_config.get(name)]
+    unsupported += [name for name in ("rank_pattern", "alpha_pattern") if peft_config.get(name)]
+    if unsupported:
+        raise AdapterError(f"{where}: {', '.join(unsupported)} set; the gate branch runs plain LoRA "
+                           f"(one rank and alpha, no DoRA, no LoRA bias): retrain without them")
+    branch = spec.base.num_layers - spec.k
+    allowed = f"[{branch}, {spec.base.num_layers - 1}] (the last k={spec.k} layers)"
+    declared = peft_config.get("layers_to_transform")
+    if declared is None:
+        raise AdapterError(f"{where}: layers_to_transform is unset, so LoRA touches every layer; "
+                           f"restrict it to {allowed} (gatehead.gate.adapter.lora_config does)")
+    declared = [declared] if isinstance(declared, int) else list(declared)
+    if any(not branch <= i < spec.base.num_layers for i in declared):
+        raise AdapterError(f"{where}: LoRA touches layers {sorted(declared)}, outside {allowed}; "
+                           f"layers below N-k must stay the base model's")
+    touched = set()
+    for h in read_headers(adapter_dir / ADAPTER_WEIGHTS):
+        if "lora_" not in h.name:
+            continue
+        match = _LAYER_RE.search(h.name)
+        if match is None or not branch <= int(match.group(1)) < spec.base.num_layers:
+            raise AdapterError(f"{adapter_dir / ADAPTER_WEIGHTS}: LoRA weight {h.name} lies outside "
+                               f"the layers {allowed}; retrain with LoRA on those layers only")
+        touched.add(int(match.group(1)))
+    if not touched:
+        raise AdapterError(f"{adapter_dir / ADAPTER_WEIGHTS} holds no LoRA weights")
+    if "score" not in (peft_config.get("modules_to_save") or []):
+        raise AdapterError(f"{where}: modules_to_save lacks 'score': the gate head must be saved "
+                           f"with the adapter (modules_to_save=['score'])")
+    return tuple(sorted(touched))
+
+
+def _check_head(adapter_dir: Path, hidden_size: int) -> None:
+    heads = {h.name: h for h in read_headers(adapter_dir / ADAPTER_WEIGHTS) if ".score." in f".{h.name}"}
+    weights = [h for name, h in heads.items() if name.endswith("score.weight")]
+    if not weights:
+        raise AdapterError(f"{adapter_dir / ADAPTER_WEIGHTS} has no gate head (score.weight): save the "
+                           f"adapter with modules_to_save=['score'] after training the head")
+    if any(name.endswith("score.bias") for name in heads):
+        raise AdapterError(f"{adapter_dir / ADAPTER_WEIGHTS}: the gate head has a bias; it must be "
+                           f"Linear(hidden, 3, bias=False) as HF's *ForSequenceClassification head")
+    if weights[0].shape != (3, hidden_size):
+        raise AdapterError(f"{adapter_dir / ADAPTER_WEIGHTS}: gate head has shape {list(weights[0].shape)}, "
+                           f"expected [3, {hidden_size}] (three labels x the base's hidden size)")
+
+
+def _check_tokens(spec: GateSpec, base_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from gatehead.gate.prompt import reserved_token_id
+
+    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    suffix_ids = tokenizer.encode(spec.suffix, add_special_tokens=False)
+    if not suffix_ids or suffix_ids[-1] not in set(tokenizer.all_special_ids):
+        raise AdapterError(f"gate.json: the invocation suffix {spec.suffix!r} must end with a reserved "
+                           f"special token of the base tokenizer, so untrusted text can never produce it")
+    vocab = json.loads((base_dir / "config.json").read_text())
+    vocab_size = vocab.get("text_config", vocab)["vocab_size"]
+    for token in spec.action_tokens:
+        try:
+            token_id = reserved_token_id(tokenizer, token)
+        except ValueError as e:
+            raise AdapterError(f"gate.json: action token {token!r}: {e}") from e
+        if token_id >= vocab_size:
+            raise AdapterError(f"gate.json: action token {token!r} has id {token_id}, outside the model's "
+                               f"{vocab_size} output rows")

@@ -1,0 +1,1 @@
+"""Retrieval: Qdrant store, sentence-transformers embeddings, ingestion."""

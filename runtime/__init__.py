@@ -1,0 +1,1 @@
+"""The runtime: the shared-backbone vLLM engine and the HF transformers reference."""

@@ -1,0 +1,128 @@
+"""The HF transformers reference: ground truth for the shared engine's generations and gate probabilities.
+
+Generation: the base model as `AutoModelForCausalLM`, greedy, one prompt at a time (no padding, so
+nothing but the model's own arithmetic decides a token). Gate: `AutoModelForSequenceClassification`
++ `PeftModel` with the adapter unmerged, the head on the last token. Either in fp32 or bf16, on CPU
+or CUDA. It is slow by design and is not a serving path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from gatehead.gate.adapter import GateAdapter, load_gate_adapter
+from gatehead.gate.policy import LABELS, GateResult, Thresholds, gate_result
+from gatehead.gate.prompt import Passage, PromptBuilder, PromptConfig, Turn
+
+Dtype = Literal["float32", "bfloat16"]
+
+
+class HFReference:
+    """A base model and (optionally) its gate adapter, loaded lazily through transformers."""
+
+    def __init__(self, model_dir: str | Path, adapter_dir: str | Path | None = None,
+                 dtype: Dtype = "float32", device: str = "cpu") -> None:
+        if dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
+        self.model_dir = Path(model_dir)
+        self.adapter: GateAdapter | None = (
+            load_gate_adapter(adapter_dir, self.model_dir) if adapter_dir is not None else None)
+        self.dtype = dtype
+        self.device = device
+        self._lm = None
+        self._gate = None
+        self._tokenizer = None
+
+    def _torch_dtype(self):
+        import torch
+
+        return getattr(torch, self.dtype)
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self._tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        return self._tokenizer
+
+    @property
+    def lm(self):
+        if self._lm is None:
+            from transformers import AutoModelForCausalLM
+
+            self._lm = AutoModelForCausalLM.from_pretrained(
+                self.model_dir, dtype=self._torch_dtype()).to(self.device).eval()
+        return self._lm
+
+    @property
+    def gate_model(self):
+        if self.adapter is None:
+            raise ValueError("this reference was built without a gate adapter: pass adapter_dir")
+        if self._gate is None:
+            from peft import PeftModel
+            from transformers import AutoModelForSequenceClassification
+            from transformers.utils import logging as hf_logging
+
+            verbosity = hf_logging.get_verbosity()
+            hf_logging.set_verbosity_error()  # the base checkpoint has no head; the adapter brings it
+            try:
+                base = AutoModelForSequenceClassification.from_pretrained(
+                    self.model_dir, num_labels=len(LABELS), dtype=self._torch_dtype())
+            finally:
+                hf_logging.set_verbosity(verbosity)
+            model = PeftModel.from_pretrained(base, self.adapter.path)
+            self._gate = model.to(device=self.device, dtype=self._torch_dtype()).eval()
+        return self._gate
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                 ignore_eos: bool = False) -> list[list[int]]:
+        """Greedy continuations (token ids, prompt excluded) of each prompt."""
+        import torch
+
+        outputs = []
+        for prompt in prompts:
+            ids = torch.tensor([list(prompt)], device=self.device)
+            with torch.inference_mode():
+                out = self.lm.generate(
+                    ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                    max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens if ignore_eos else 0,
+                    pad_token_id=self.lm.config.pad_token_id, temperature=None, top_p=None, top_k=None)
+            outputs.append(out[0, ids.shape[1]:].tolist())
+        return outputs
+
+    def gate_logits(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
+        """Head logits [n, 3] in fp32, columns in the adapter's label order."""
+        import torch
+
+        rows = []
+        for prompt in prompts:
+            ids = torch.tensor([list(prompt)], device=self.device)
+            with torch.inference_mode():
+                logits = self.gate_model(input_ids=ids).logits  # [1, 3]; HF pools the last token
+            rows.append(logits[0].float().cpu().numpy())
+        return np.stack(rows) if rows else np.zeros((0, len(LABELS)), dtype=np.float32)
+
+    def gate_probs(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
+        """Probabilities [n, 3] in the canonical label order ("answer", "refuse", "search")."""
+        assert self.adapter is not None
+        logits = self.gate_logits(prompts).astype(np.float64)
+        probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+        probs /= probs.sum(axis=1, keepdims=True)
+        order = [self.adapter.spec.labels.index(label) for label in LABELS]
+        return probs[:, order]
+
+    def gate(self, question: str, passages: Sequence[Passage] = (), conversation: Sequence[Turn] = (),
+             thresholds: Thresholds | None = None, prompt_config: PromptConfig | None = None) -> GateResult:
+        """Gate one question over `passages`, laid out as the shared engine lays it out."""
+        assert self.adapter is not None, "gate() needs the adapter: pass adapter_dir"
+        if prompt_config is None:
+            prompt_config = PromptConfig(max_context=self.gate_model.config.max_position_embeddings)
+        prompt = PromptBuilder(self.tokenizer, self.adapter.spec.suffix, prompt_config).build(
+            question, passages, conversation)
+        probs = self.gate_probs([prompt.gate])[0]
+        return gate_result(dict(zip(LABELS, probs)), thresholds or self.adapter.spec.thresholds)

@@ -1,0 +1,163 @@
+"""Tiny random models for tests and benchmarks: base checkpoint, tokenizer and gate adapter, in seconds.
+
+`build_tiny(out_dir, TinySpec(...))` writes, deterministically for a given spec:
+- `model/`: an HF causal-LM checkpoint (Qwen3, Qwen2 or Llama architecture, bf16 safetensors) with a
+  byte-level BPE tokenizer trained here (gatehead's reserved tokens included) and a ChatML template;
+- `adapter/`: a randomly initialised gate adapter in the real on-disk format (`gatehead.gate.adapter`).
+
+The weights are random: generations are gibberish and gate probabilities are noise. Use it to test
+mechanics and numerics, never quality; the demo model is the trained one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from gatehead.gate.adapter import (
+    DEFAULT_ACTION_TOKENS,
+    DEFAULT_SUFFIX,
+    BaseIdentity,
+    GateAdapter,
+    GateSpec,
+    lora_config,
+    save_gate_adapter,
+)
+from gatehead.gate.policy import LABELS
+
+ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
+RESERVED_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", DEFAULT_SUFFIX, *DEFAULT_ACTION_TOKENS)
+CHATML_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+# The tokenizer's training text: deterministic, and close enough to RAG prompts that they tokenize compactly.
+_CORPUS = """\
+The warranty covers defects in materials and workmanship for two years from the date of purchase.
+Customers can return a product within thirty days if it is unused and in its original packaging.
+To reset the router, hold the reset button for ten seconds until the light blinks orange.
+Our support team answers questions by email and by phone from Monday to Friday.
+Shipping is free for orders above fifty euros; express delivery takes one business day.
+The battery lasts about twelve hours of normal use and charges fully in two hours.
+Which documents answer the question? If the documents do not contain the answer, say so.
+You are a helpful assistant. Answer the question using only the documents below.
+What is the price of the premium plan, and how do I cancel my subscription?
+Passwords must have at least twelve characters, one number and one symbol.
+"""
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    """Shape of a tiny model; the defaults make a 6-layer, 64-wide Qwen3 that builds in seconds."""
+
+    arch: str = "qwen3"
+    num_layers: int = 6
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 16
+    tokenizer_vocab: int = 384  # BPE vocabulary trained on _CORPUS (reserved tokens included)
+    max_position: int = 4096
+    initializer_range: float = 0.02
+    k: int = 4
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
+    lora_std: float = 0.05  # LoRA A and B ~ N(0, std): a visible, not overwhelming delta
+    head_std: float = 0.25  # spreads gate probabilities over the three classes
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.arch not in ARCHITECTURES:
+            raise ValueError(f"unsupported architecture {self.arch!r}; supported: {sorted(ARCHITECTURES)}")
+        if not 1 <= self.k < self.num_layers:
+            raise ValueError(f"k={self.k} must be in [1, {self.num_layers - 1}]")
+
+
+@dataclass(frozen=True)
+class TinyModel:
+    """Paths of a built tiny model."""
+
+    model_dir: Path
+    adapter_dir: Path
+    adapter: GateAdapter
+
+
+def build_tokenizer(out_dir: Path, vocab_size: int):
+    """Train and save a byte-level BPE tokenizer with gatehead's reserved tokens and a ChatML template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(RESERVED_TOKENS),
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    bpe.train_from_iterator(_CORPUS.splitlines(), trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        additional_special_tokens=list(RESERVED_TOKENS[1:]),
+    )
+    tokenizer.chat_template = CHATML_TEMPLATE
+    tokenizer.save_pretrained(out_dir)
+    return tokenizer
+
+
+def _config(spec: TinySpec, vocab_size: int, tokenizer):
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
+    common = dict(
+        vocab_size=vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads, max_position_embeddings=spec.max_position,
+        initializer_range=spec.initializer_range, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        bos_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, architectures=[ARCHITECTURES[spec.arch]],
+    )
+    if spec.arch == "qwen3":
+        return Qwen3Config(head_dim=spec.head_dim, **common)
+    if spec.arch == "llama":
+        return LlamaConfig(head_dim=spec.head_dim, **common)
+    if spec.hidden_size != spec.num_heads * spec.head_dim:
+        raise ValueError("qwen2 derives head_dim = hidden_size / num_heads; make them agree")
+    return Qwen2Config(**common)
+
+
+def build_tiny(out_dir: str | Path, spec: TinySpec = TinySpec()) -> TinyModel:
+    """Build the tiny model and its random gate adapter under `out_dir` (see the module docstring)."""
+    import torch
+    from peft import get_peft_model
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
+    out_dir = Path(out_dir)
+    model_dir, adapter_dir = out_dir / "model", out_dir / "adapter"
+    model_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer = build_tokenizer(model_dir, spec.tokenizer_vocab)
+    vocab_size = -(-len(tokenizer) // 64) * 64  # padded like real checkpoints: rows past the tokenizer exist
+
+    torch.manual_seed(spec.seed)
+    base = AutoModelForCausalLM.from_config(_config(spec, vocab_size, tokenizer), dtype=torch.float32)
+    base.to(torch.bfloat16).save_pretrained(model_dir, safe_serialization=True)
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the head is "newly initialised" by design; it is set below
+    try:
+        classifier = AutoModelForSequenceClassification.from_pretrained(
+            model_dir, num_labels=len(LABELS), id2label=dict(enumerate(LABELS)),
+            label2id={label: i for i, label in enumerate(LABELS)}, dtype=torch.float32,
+        )
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    model = get_peft_model(classifier, lora_config(spec.num_layers, spec.k, spec.lora_rank, spec.lora_alpha))
+    generator = torch.Generator().manual_seed(spec.seed + 1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * spec.lora_std)
+            elif "score" in name and param.requires_grad:
+                param.copy_(torch.randn(param.shape, generator=generator) * spec.head_std)
+    gate_spec = GateSpec(k=spec.k, base=BaseIdentity.of_model(model_dir))
+    adapter = save_gate_adapter(model, gate_spec, adapter_dir, model_dir)
+    return TinyModel(model_dir=model_dir, adapter_dir=adapter_dir, adapter=adapter)
