@@ -123,8 +123,9 @@ class PromptBuilder:
         dropped_turns: list[int] = []
         dropped_passages: list[int] = []
         while True:
-            numbered = [encode_untrusted(self.tokenizer, format_passage(n + 1, passages[i])) for n, i in enumerate(kept)]
-            documents = [t for ids in numbered for t in ids] or encode_untrusted(self.tokenizer, " none")
+            blocks = [format_passage(n + 1, passages[i]) for n, i in enumerate(kept)]
+            documents = [t for b in blocks for t in encode_untrusted(self.tokenizer, b)]
+            documents = documents or encode_untrusted(self.tokenizer, " none")
             messages = [("system", system_ids + documents)]
             messages += [(conversation[i].role, turn_ids[i]) for i in turns]
             messages.append(("user", question_ids))

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-
 from gatehead.gate.adapter import GateAdapter, load_gate_adapter
 from gatehead.gate.policy import LABELS, GateResult, Thresholds, gate_result
 from gatehead.gate.prompt import Passage, PromptBuilder, PromptConfig, Turn
@@ -59,10 +58,14 @@ class HFReference:
                 self.model_dir, dtype=self._torch_dtype()).to(self.device).eval()
         return self._lm
 
-    @property
-    def gate_model(self):
+    def _require_adapter(self) -> GateAdapter:
         if self.adapter is None:
             raise ValueError("this reference was built without a gate adapter: pass adapter_dir")
+        return self.adapter
+
+    @property
+    def gate_model(self):
+        self._require_adapter()
         if self._gate is None:
             from peft import PeftModel
             from transformers import AutoModelForSequenceClassification
@@ -109,20 +112,20 @@ class HFReference:
 
     def gate_probs(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
         """Probabilities [n, 3] in the canonical label order ("answer", "refuse", "search")."""
-        assert self.adapter is not None
+        adapter = self._require_adapter()
         logits = self.gate_logits(prompts).astype(np.float64)
         probs = np.exp(logits - logits.max(axis=1, keepdims=True))
         probs /= probs.sum(axis=1, keepdims=True)
-        order = [self.adapter.spec.labels.index(label) for label in LABELS]
+        order = [adapter.spec.labels.index(label) for label in LABELS]
         return probs[:, order]
 
     def gate(self, question: str, passages: Sequence[Passage] = (), conversation: Sequence[Turn] = (),
              thresholds: Thresholds | None = None, prompt_config: PromptConfig | None = None) -> GateResult:
         """Gate one question over `passages`, laid out as the shared engine lays it out."""
-        assert self.adapter is not None, "gate() needs the adapter: pass adapter_dir"
+        adapter = self._require_adapter()
         if prompt_config is None:
             prompt_config = PromptConfig(max_context=self.gate_model.config.max_position_embeddings)
-        prompt = PromptBuilder(self.tokenizer, self.adapter.spec.suffix, prompt_config).build(
+        prompt = PromptBuilder(self.tokenizer, adapter.spec.suffix, prompt_config).build(
             question, passages, conversation)
         probs = self.gate_probs([prompt.gate])[0]
-        return gate_result(dict(zip(LABELS, probs)), thresholds or self.adapter.spec.thresholds)
+        return gate_result(dict(zip(LABELS, probs, strict=True)), thresholds or adapter.spec.thresholds)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from gatehead.runtime.tiny import TinyModel, TinySpec, build_tiny
 
 

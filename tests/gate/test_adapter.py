@@ -9,12 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from safetensors.torch import load_file, save_file
-
 from gatehead.gate.adapter import GATE_JSON, AdapterError, BaseIdentity, load_gate_adapter, save_gate_adapter
 from gatehead.gate.weights import fingerprint
 from gatehead.runtime.reference import HFReference
 from gatehead.runtime.tiny import TinyModel
+from safetensors.torch import load_file, save_file
 
 WEIGHTS = "adapter_model.safetensors"
 
@@ -136,7 +135,10 @@ def test_head_bias_is_rejected(copy_of, tiny: TinyModel) -> None:
         load_gate_adapter(adapter_dir, tiny.model_dir)
 
 
-@pytest.mark.parametrize("labels", [["answer", "refuse", "maybe"], ["answer", "refuse"], ["answer", "answer", "search"]])
+BAD_LABELS = [["answer", "refuse", "maybe"], ["answer", "refuse"], ["answer", "answer", "search"]]
+
+
+@pytest.mark.parametrize("labels", BAD_LABELS)
 def test_bad_label_set_is_rejected(copy_of, tiny: TinyModel, labels: list[str]) -> None:
     adapter_dir = copy_of(edit_json(GATE_JSON, lambda d: d.__setitem__("labels", labels)))
     with pytest.raises(AdapterError, match="labels must be the three"):
@@ -163,7 +165,8 @@ def test_suffix_must_end_with_a_reserved_token(copy_of, tiny: TinyModel) -> None
 
 
 def test_action_tokens_must_be_reserved(copy_of, tiny: TinyModel) -> None:
-    adapter_dir = copy_of(edit_json(GATE_JSON, lambda d: d.__setitem__("action_tokens", ["yes", "no", "<|gate_search|>"])))
+    tokens = ["yes", "no", "<|gate_search|>"]
+    adapter_dir = copy_of(edit_json(GATE_JSON, lambda d: d.__setitem__("action_tokens", tokens)))
     with pytest.raises(AdapterError, match="action token 'yes'.*not a single special token"):
         load_gate_adapter(adapter_dir, tiny.model_dir)
 

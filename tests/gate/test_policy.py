@@ -3,7 +3,6 @@
 import math
 
 import pytest
-
 from gatehead.gate.policy import Thresholds, decide, gate_result
 
 

@@ -1,0 +1,51 @@
+"""The `gatehead` console script, run as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+from gatehead.runtime.tiny import TinyModel
+
+GATEHEAD = str(Path(sys.executable).parent / "gatehead")
+
+
+def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([GATEHEAD, *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_info_reports_versions_device_and_model_locations(tmp_path: Path) -> None:
+    import os
+
+    env = {**os.environ, "GATEHEAD_MODEL": str(tmp_path / "m"), "GATEHEAD_ADAPTER": str(tmp_path / "a")}
+    result = run("info", "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["packages"]["torch"] == metadata.version("torch")
+    assert report["packages"]["vllm"].startswith("0.32.")
+    assert report["device"]["kind"] in ("cpu", "cuda")
+    assert report["models"]["model"] == str(tmp_path / "m") and report["models"]["adapter"] == str(tmp_path / "a")
+    text = run("info", env=env).stdout
+    assert "transformers" in text and str(tmp_path / "m") in text
+
+
+def test_gate_prints_probabilities_and_decision(tiny: TinyModel) -> None:
+    args = ["gate", "--model", str(tiny.model_dir), "--adapter", str(tiny.adapter_dir),
+            "--question", "How long is the warranty?", "--doc", "Two years."]
+    result = run(*args)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert set(out["probs"]) == {"answer", "refuse", "search"} and out["decision"] in out["probs"]
+    forced = json.loads(run(*args, "--t-answer", "0", "--t-refuse", "0").stdout)
+    assert forced["decision"] == "answer" and forced["probs"] == out["probs"]
+
+
+def test_bad_input_exits_2_with_the_fix(tiny: TinyModel, tiny_other: TinyModel) -> None:
+    bad = run("gate", "--model", str(tiny.model_dir), "--adapter", str(tiny.adapter_dir),
+              "--question", "q", "--t-answer", "1.5")
+    assert bad.returncode == 2 and "threshold 'answer' must be a number in [0, 1]" in bad.stderr
+    wrong = run("gate", "--model", str(tiny_other.model_dir), "--adapter", str(tiny.adapter_dir), "--question", "q")
+    assert wrong.returncode == 2 and "wrong base model" in wrong.stderr

@@ -1,0 +1,79 @@
+"""Packaging and layout: one `gatehead` namespace, imports only through it, nothing heavy at import."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import gatehead
+
+ROOT = Path(__file__).resolve().parents[1]
+SUBPACKAGES = ("agent", "demo", "evals", "gate", "retrieval", "runtime", "server")
+HEAVY = ("torch", "transformers", "peft", "vllm", "tokenizers", "safetensors")
+
+
+def python_files() -> list[Path]:
+    skip = {".venv", ".cache", "build", "dist", ".git"}
+    return [p for p in ROOT.rglob("*.py") if not skip & set(p.relative_to(ROOT).parts)]
+
+
+def test_code_imports_only_through_gatehead() -> None:
+    offenders = []
+    for path in python_files():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level > 0:
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} relative import")
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            offenders += [f"{path.relative_to(ROOT)}:{node.lineno} import {n}"
+                          for n in names if n.split(".")[0] in SUBPACKAGES + ("cli", "tests")]
+    assert offenders == [], "import through `gatehead.` instead:\n" + "\n".join(offenders)
+
+
+def test_ruff_is_clean() -> None:
+    result = subprocess.run([sys.executable, "-m", "ruff", "check", str(ROOT)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_editable_install_maps_the_repo_root_to_gatehead() -> None:
+    from gatehead import runtime
+
+    assert Path(gatehead.__file__).resolve() == ROOT / "__init__.py"
+    assert Path(runtime.__file__).resolve() == ROOT / "runtime" / "__init__.py"
+
+
+def test_nothing_heavy_is_imported_at_import_time() -> None:
+    code = (
+        "import importlib, pkgutil, sys, json, gatehead\n"
+        "mods = [m.name for m in pkgutil.walk_packages(gatehead.__path__, 'gatehead.')]\n"
+        "[importlib.import_module(m) for m in mods]\n"
+        f"print(json.dumps([mods, [h for h in {HEAVY!r} if h in sys.modules]]))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", check=True)
+    modules, heavy = json.loads(result.stdout)
+    assert "gatehead.gate.adapter" in modules and "gatehead.runtime.reference" in modules
+    assert heavy == []
+
+
+def test_wheel_installs_the_same_namespace(tmp_path: Path) -> None:
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                    "-w", str(tmp_path / "dist"), str(ROOT)], check=True, capture_output=True)
+    wheel = next((tmp_path / "dist").glob("gatehead-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    for sub in SUBPACKAGES:
+        assert f"gatehead/{sub}/__init__.py" in names
+    assert "gatehead/cli.py" in names and "gatehead/runtime/reference.py" in names
+    assert not [n for n in names if n.startswith(("tests/", "gatehead/tests/"))]
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
+                   check=True, capture_output=True)
+    code = "import gatehead.gate.policy as p, gatehead; print(gatehead.__file__); print(p.decide.__name__)"
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env,
+                         check=True)
+    assert out.stdout.splitlines() == [str(target / "gatehead" / "__init__.py"), "decide"]
