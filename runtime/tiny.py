@@ -53,11 +53,11 @@ class TinySpec:
 
     arch: str = "qwen3"
     num_layers: int = 6
-    hidden_size: int = 64
-    intermediate_size: int = 128
+    hidden_size: int = 128
+    intermediate_size: int = 256
     num_heads: int = 4
     num_kv_heads: int = 2
-    head_dim: int = 16
+    head_dim: int = 32  # vLLM's CPU attention supports head_dim >= 32
     tokenizer_vocab: int = 384  # BPE vocabulary trained on _CORPUS (reserved tokens included)
     max_position: int = 4096
     initializer_range: float = 0.02

@@ -121,7 +121,7 @@ def test_head_with_wrong_shape_or_bias_is_rejected(copy_of, tiny: TinyModel) -> 
         name = next(n for n in tensors if n.endswith("score.weight"))
         tensors[name] = tensors[name].new_zeros(4, tensors[name].shape[1])
 
-    with pytest.raises(AdapterError, match=r"shape \[4, 64\], expected \[3, 64\]"):
+    with pytest.raises(AdapterError, match=r"shape \[4, 128\], expected \[3, 128\]"):
         load_gate_adapter(copy_of(edit_weights(four_labels)), tiny.model_dir)
 
 

@@ -1,0 +1,128 @@
+"""The gate branch: the last k layers of the base, their unmerged LoRA, the final norm and the 3-way head.
+
+The branch calls the base layers' own modules (`qkv_proj`, norms, rotary, `o_proj`, MLP), so it reuses
+their weight tensors by reference: no second copy of k layers. LoRA is applied unmerged,
+`x W + (x A) B * scaling`. Attention is KV-free: causal SDPA over one gate request's own rows, which
+is why the branch needs every tapped row of the prompt. The last layer computes only the last
+token's row, the one the head reads. The head runs in fp32, as vLLM's pooling classifier does.
+
+It runs eagerly, outside vLLM's compiled graph, on gate requests only. Tensor parallelism is not
+handled here yet.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from torch import nn
+from torch.nn import functional as F
+
+from gatehead.gate.adapter import ADAPTER_WEIGHTS, GateAdapter
+
+_LORA_KEY = re.compile(r"\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
+QKV = ("q_proj", "k_proj", "v_proj")
+GATE_UP = ("gate_proj", "up_proj")
+
+
+class GateBranch(nn.Module):
+    """Runs the gate model's last k layers and head on one request's tapped rows."""
+
+    def __init__(self, layers: list[nn.Module], final_norm: nn.Module, adapter: GateAdapter,
+                 dtype: torch.dtype) -> None:
+        super().__init__()
+        # Plain lists: the base modules must not be registered twice (their weights belong to the base).
+        self.layers = list(layers)
+        self.final_norm = [final_norm]
+        self.first_layer = adapter.branch_layer
+        self.scaling = adapter.scaling
+        self.lora_names: dict[tuple[int, str], tuple[str, str]] = {}
+        weights = load_file(Path(adapter.path) / ADAPTER_WEIGHTS)
+        for key, tensor in weights.items():
+            match = _LORA_KEY.search(key)
+            if match is None:
+                continue
+            layer, module, ab = int(match.group(1)), match.group(2), match.group(3)
+            name = f"lora_{layer}_{module}_{ab}"
+            self.register_buffer(name, tensor.to(dtype), persistent=False)
+            a_name, b_name = self.lora_names.get((layer, module), ("", ""))
+            self.lora_names[(layer, module)] = (name, b_name) if ab == "A" else (a_name, name)
+        head = next(t for k, t in weights.items() if k.endswith("score.weight"))
+        self.register_buffer("head", head.float(), persistent=False)  # [3, hidden], fp32
+
+    def _lora(self, layer: int, module: str, x: torch.Tensor) -> torch.Tensor | None:
+        names = self.lora_names.get((layer, module))
+        if names is None:
+            return None
+        a, b = getattr(self, names[0]), getattr(self, names[1])
+        return (x @ a.T) @ b.T * self.scaling
+
+    def _add_lora(self, layer: int, modules: tuple[str, ...], x: torch.Tensor, out: torch.Tensor,
+                  sizes: list[int]) -> torch.Tensor:
+        """`out` (a fused projection's output, split by `sizes`) plus each module's LoRA delta."""
+        deltas = [self._lora(layer, m, x) for m in modules]
+        if all(d is None for d in deltas):
+            return out
+        parts = list(out.split(sizes, dim=-1))
+        return torch.cat([p if d is None else p + d for p, d in zip(parts, deltas, strict=True)], dim=-1)
+
+    @torch.inference_mode()
+    def forward(self, rows: torch.Tensor) -> torch.Tensor:
+        """Head logits [3] (fp32) for one gate prompt whose tapped rows are `rows` [L, hidden]."""
+        n = rows.shape[0]
+        positions = torch.arange(n, device=rows.device)
+        hidden, residual = rows, None
+        for offset, layer in enumerate(self.layers):
+            index = self.first_layer + offset
+            last = offset == len(self.layers) - 1
+            if residual is None:
+                residual = hidden
+                h = layer.input_layernorm(hidden)
+            else:
+                h, residual = layer.input_layernorm(hidden, residual)
+            attn_out = self._attention(index, layer.self_attn, h, positions, last_only=last)
+            if last:  # only the last token's row reaches the head
+                residual = residual[-1:]
+            h, residual = layer.post_attention_layernorm(attn_out, residual)
+            hidden = self._mlp(index, layer.mlp, h)
+        normed, _ = self.final_norm[0](hidden, residual)
+        return normed[-1].float() @ self.head.T
+
+    def _attention(self, index: int, attn: nn.Module, h: torch.Tensor, positions: torch.Tensor,
+                   last_only: bool) -> torch.Tensor:
+        n, head_dim = h.shape[0], attn.head_dim
+        qkv, _ = attn.qkv_proj(h)
+        qkv = self._add_lora(index, QKV, h, qkv, [attn.q_size, attn.kv_size, attn.kv_size])
+        q, k, v = qkv.split([attn.q_size, attn.kv_size, attn.kv_size], dim=-1)
+        if hasattr(attn, "q_norm"):  # Qwen3's per-head norms
+            q = attn.q_norm(q.reshape(n, -1, head_dim)).reshape(n, -1)
+            k = attn.k_norm(k.reshape(n, -1, head_dim)).reshape(n, -1)
+        q, k = attn.rotary_emb(positions, q, k)
+        if last_only:
+            q = q[-1:]
+        groups = attn.num_heads // attn.num_kv_heads
+        q = q.reshape(q.shape[0], attn.num_heads, head_dim).transpose(0, 1)  # [H, Lq, D]
+        k = k.reshape(n, attn.num_kv_heads, head_dim).transpose(0, 1).repeat_interleave(groups, 0)  # [H, L, D]
+        v = v.reshape(n, attn.num_kv_heads, head_dim).transpose(0, 1).repeat_interleave(groups, 0)
+        # Causal over the request's own rows; the last-only query attends every key, so no mask.
+        out = F.scaled_dot_product_attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
+                                             is_causal=not last_only, scale=attn.scaling)
+        out = out[0].transpose(0, 1).reshape(q.shape[1], attn.q_size)  # [Lq, H*D]
+        o, _ = attn.o_proj(out)
+        delta = self._lora(index, "o_proj", out)
+        return o if delta is None else o + delta
+
+    def _mlp(self, index: int, mlp: nn.Module, h: torch.Tensor) -> torch.Tensor:
+        gate_up, _ = mlp.gate_up_proj(h)
+        half = gate_up.shape[-1] // 2
+        gate_up = self._add_lora(index, GATE_UP, h, gate_up, [half, half])
+        x = mlp.act_fn(gate_up)
+        down, _ = mlp.down_proj(x)
+        delta = self._lora(index, "down_proj", x)
+        return down if delta is None else down + delta
+
+    def memory_bytes(self) -> int:
+        """Bytes of the tensors the branch owns (LoRA and head; the layers are the base's)."""
+        return sum(b.numel() * b.element_size() for b in self.buffers())

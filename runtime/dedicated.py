@@ -1,0 +1,67 @@
+"""The dedicated gate engine's checkpoint: the gate model merged into an HF `*ForSequenceClassification`.
+
+Stock vLLM serves the result with its pooling runner (`LLM(..., runner="pooling").classify(...)`):
+no gatehead code runs in it, which is what makes it the honest comparison for the shared engine's
+gate. The LoRA delta is merged in fp32 and the merged weights are saved in `dtype`.
+This module writes checkpoints; it does not start engines.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+from gatehead.gate.adapter import load_gate_adapter
+from gatehead.gate.policy import LABELS
+
+CLASSIFIER_ARCHITECTURES = {
+    "Qwen3ForCausalLM": "Qwen3ForSequenceClassification",
+    "Qwen2ForCausalLM": "Qwen2ForSequenceClassification",
+    "LlamaForCausalLM": "LlamaForSequenceClassification",
+}
+
+
+def export_dedicated(model_dir: str | Path, adapter_dir: str | Path, out_dir: str | Path,
+                     dtype: str = "bfloat16", max_shard_size: str = "2GB") -> Path:
+    """Write the merged gate classifier to `out_dir` (replaced only once complete)."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    adapter = load_gate_adapter(adapter_dir, model_dir)
+    if adapter.spec.base.architecture not in CLASSIFIER_ARCHITECTURES:
+        raise ValueError(f"no dedicated classifier for {adapter.spec.base.architecture}; "
+                         f"supported: {sorted(CLASSIFIER_ARCHITECTURES)}")
+    if dtype not in ("bfloat16", "float32"):
+        raise ValueError(f"dtype must be 'bfloat16' or 'float32', got {dtype!r}")
+    labels = adapter.spec.labels
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the base has no head; the adapter brings it
+    try:
+        base = AutoModelForSequenceClassification.from_pretrained(
+            model_dir, num_labels=len(LABELS), id2label=dict(enumerate(labels)),
+            label2id={label: i for i, label in enumerate(labels)}, dtype=torch.float32)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    merged = PeftModel.from_pretrained(base, adapter.path).merge_and_unload()
+    merged.config.architectures = [CLASSIFIER_ARCHITECTURES[adapter.spec.base.architecture]]
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        merged.to(getattr(torch, dtype)).save_pretrained(tmp, safe_serialization=True, max_shard_size=max_shard_size)
+        AutoTokenizer.from_pretrained(model_dir).save_pretrained(tmp)
+        (tmp / "gatehead_dedicated.json").write_text(json.dumps(
+            {"base_fingerprint": adapter.spec.base.fingerprint, "adapter": str(adapter.path),
+             "labels": list(labels), "thresholds": adapter.spec.thresholds.to_dict()}, indent=2) + "\n")
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        tmp.rename(out_dir)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return out_dir

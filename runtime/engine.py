@@ -1,0 +1,242 @@
+"""`SharedEngine`: one in-process vLLM engine serving generation and gate requests in the same batches.
+
+Built on vLLM's `AsyncLLM`. With a gate adapter, the engine loads the gated model class through
+gatehead's plugin; without one it is stock vLLM (the baseline the fidelity checks compare against).
+Every entry point checks its prompt: generation prompts may not carry the gate's reserved tokens,
+gate prompts must be exactly one suffix at the end, and the request metadata and the suffix must
+agree. This module does not retrieve documents or decide what to do with a gate decision.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from gatehead.gate.adapter import GateAdapter, load_gate_adapter
+from gatehead.gate.policy import LABELS, GateResult, Thresholds, gate_result
+from gatehead.gate.prompt import Passage, Prompt, PromptBuilder, PromptConfig, Turn, reserved_token_id
+from gatehead.runtime.plugin import GATE_FLAG, GATED_ARCHITECTURES
+
+
+class GateError(RuntimeError):
+    """The engine could not produce a gate decision for a request."""
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How to start the engine. `adapter=None` gives stock vLLM (generation only)."""
+
+    model: str | Path
+    adapter: str | Path | None = None
+    dtype: Literal["bfloat16", "float32", "float16"] = "bfloat16"
+    max_model_len: int | None = None  # default: the model's
+    kv_cache_memory_bytes: int | None = None  # explicit KV size; else memory_fraction sizes it
+    memory_fraction: float = 0.5
+    enforce_eager: bool = False  # False: vLLM's compile mode (the default mode of vLLM)
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    max_num_batched_tokens: int | None = None
+    max_num_seqs: int | None = None
+    block_size: int | None = None
+    max_gate_tokens: int | None = None  # default: max_model_len
+    seed: int = 0
+    tap: Literal["copy", "perturbed"] = "copy"  # "perturbed": negative control for the stability check
+    extra: dict[str, Any] = field(default_factory=dict)  # more vLLM engine arguments
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One finished generation."""
+
+    token_ids: list[int]
+    text: str
+    logprobs: list[float]  # of each generated token
+    finish_reason: str | None
+    num_cached_tokens: int  # prompt tokens served from the prefix cache
+
+
+@dataclass(frozen=True)
+class GateOutcome:
+    """A gate decision and the prompt it was made on."""
+
+    result: GateResult
+    prompt: Prompt | None
+    num_prompt_tokens: int
+
+
+class SharedEngine:
+    """The in-process engine API: `generate`, `stream`, `gate`, `gate_many`, `gate_prompt`."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        """Start the engine (engine core and worker processes; tens of seconds on CPU)."""
+        os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # the plugin hooks the V1 runner
+        from transformers import AutoConfig, AutoTokenizer
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self.config = config
+        model_dir = Path(config.model)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        hf_config = AutoConfig.from_pretrained(model_dir)
+        self.max_model_len = config.max_model_len or int(hf_config.max_position_embeddings)
+        self.adapter: GateAdapter | None = None
+        self.action_ids: tuple[int, ...] = ()
+        self.suffix_ids: tuple[int, ...] = ()
+        overrides: dict[str, Any] = {}
+        if config.adapter is not None:
+            self.adapter = load_gate_adapter(config.adapter, model_dir)
+            arch = self.adapter.spec.base.architecture
+            if arch not in GATED_ARCHITECTURES:
+                raise ValueError(f"gatehead's shared engine supports {sorted(GATED_ARCHITECTURES)}, not {arch}")
+            self.suffix_ids = tuple(self.tokenizer.encode(self.adapter.spec.suffix, add_special_tokens=False))
+            self.action_ids = tuple(reserved_token_id(self.tokenizer, t) for t in self.adapter.spec.action_tokens)
+            self.max_gate_tokens = min(config.max_gate_tokens or self.max_model_len, self.max_model_len)
+            overrides = {
+                "architectures": [GATED_ARCHITECTURES[arch]],
+                "gatehead_adapter": str(Path(config.adapter).resolve()),
+                "gatehead_suffix_ids": list(self.suffix_ids),
+                "gatehead_action_ids": list(self.action_ids),
+                "gatehead_max_gate_tokens": self.max_gate_tokens,
+                "gatehead_tap": config.tap,
+            }
+        # Ids that only gatehead may place: the suffix's reserved token and the action tokens.
+        self.gate_reserved = frozenset(self.action_ids) | frozenset(self.suffix_ids[-1:])
+        self.prompts = PromptBuilder(self.tokenizer, self.adapter.spec.suffix, PromptConfig(self.max_model_len)) \
+            if self.adapter is not None else None
+        args = dict(
+            model=str(model_dir), dtype=config.dtype, max_model_len=self.max_model_len, seed=config.seed,
+            enforce_eager=config.enforce_eager, enable_prefix_caching=config.enable_prefix_caching,
+            enable_chunked_prefill=config.enable_chunked_prefill, hf_overrides=overrides or None,
+            disable_log_stats=False, **config.extra,
+        )
+        if config.kv_cache_memory_bytes is not None:
+            args["kv_cache_memory_bytes"] = config.kv_cache_memory_bytes
+        else:
+            args["gpu_memory_utilization"] = config.memory_fraction
+        for name in ("max_num_batched_tokens", "max_num_seqs", "block_size"):
+            if getattr(config, name) is not None:
+                args[name] = getattr(config, name)
+        self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+
+    # ----- generation -------------------------------------------------------------------------
+
+    def _check_generation_prompt(self, prompt: str | Sequence[int]) -> list[int]:
+        ids = self.tokenizer.encode(prompt, add_special_tokens=False) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise ValueError("the prompt is empty")
+        if any(not isinstance(t, int) or t < 0 for t in ids):
+            raise ValueError("prompt token ids must be non-negative integers")
+        if self.gate_reserved & set(ids):
+            raise ValueError("the prompt contains the gate's reserved tokens (its suffix or action tokens); "
+                             "generation prompts may not, use gate() for gate decisions")
+        return ids
+
+    def _check_length(self, ids: Sequence[int], max_tokens: int) -> None:
+        if len(ids) + max_tokens > self.max_model_len:
+            raise ValueError(f"the prompt has {len(ids)} tokens; with max_tokens={max_tokens} it exceeds the "
+                             f"model's {self.max_model_len}-token context: shorten it or lower max_tokens")
+
+    def _sampling(self, max_tokens: int, temperature: float, ignore_eos: bool, seed: int | None):
+        from vllm import SamplingParams
+
+        return SamplingParams(max_tokens=max_tokens, temperature=temperature, ignore_eos=ignore_eos,
+                              logprobs=0, seed=seed)
+
+    async def stream(self, prompt: str | Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
+                     ignore_eos: bool = False, seed: int | None = None) -> AsyncIterator[Generation]:
+        """Yield the generation so far after each step (cumulative), the last one finished."""
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        ids = self._check_generation_prompt(prompt)
+        self._check_length(ids, max_tokens)
+        params = self._sampling(max_tokens, temperature, ignore_eos, seed)
+        async for out in self.llm.generate({"prompt_token_ids": ids}, params, request_id=f"gen-{uuid.uuid4().hex}"):
+            completion = out.outputs[0]
+            logprobs = [entry[token].logprob for entry, token in zip(completion.logprobs or [], completion.token_ids,
+                                                                      strict=False)]
+            yield Generation(list(completion.token_ids), completion.text, logprobs, completion.finish_reason,
+                             out.num_cached_tokens or 0)
+
+    async def generate(self, prompt: str | Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
+                       ignore_eos: bool = False, seed: int | None = None) -> Generation:
+        """Generate a completion of `prompt` (text, tokenized with special tokens parsed, or token ids)."""
+        last = None
+        async for last in self.stream(prompt, max_tokens=max_tokens, temperature=temperature,
+                                      ignore_eos=ignore_eos, seed=seed):
+            pass
+        assert last is not None
+        return last
+
+    # ----- gate ---------------------------------------------------------------------------------
+
+    def _require_gate(self) -> GateAdapter:
+        if self.adapter is None:
+            raise ValueError("this engine was started without a gate adapter: set EngineConfig.adapter")
+        return self.adapter
+
+    async def gate_prompt(self, prompt_ids: Sequence[int], thresholds: Thresholds | None = None) -> GateOutcome:
+        """Gate a laid-out gate prompt (token ids ending with the suffix, as `PromptBuilder` makes)."""
+        from vllm import SamplingParams
+
+        adapter = self._require_gate()
+        ids = list(prompt_ids)
+        n = len(self.suffix_ids)
+        if tuple(ids[-n:]) != self.suffix_ids:
+            raise ValueError("a gate prompt must end with the adapter's invocation suffix; build it with "
+                             "SharedEngine.prompts.build(...).gate")
+        if self.gate_reserved & set(ids[:-n]):
+            raise ValueError("the gate prompt carries reserved gate tokens before its suffix; untrusted text "
+                             "must be tokenized with special-token parsing off (gatehead.gate.prompt)")
+        if len(ids) > self.max_gate_tokens:
+            raise ValueError(f"the gate prompt has {len(ids)} tokens, over the engine's max_gate_tokens="
+                             f"{self.max_gate_tokens}: drop passages or turns, or raise max_gate_tokens")
+        self._check_length(ids, 1)
+        params = SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=list(self.action_ids),
+                                skip_reading_prefix_cache=True, detokenize=False, extra_args={GATE_FLAG: "gate"})
+        final = None
+        async for final in self.llm.generate({"prompt_token_ids": ids}, params, request_id=f"gate-{uuid.uuid4().hex}"):
+            pass
+        assert final is not None and final.outputs[0].logprobs, "a gate request returns its action logprobs"
+        entry = final.outputs[0].logprobs[0]
+        probs = {label: math.exp(entry[token].logprob) for label, token in zip(LABELS, self.action_ids, strict=True)}
+        if any(not math.isfinite(p) for p in probs.values()) or abs(sum(probs.values()) - 1.0) > 1e-3:
+            raise GateError(f"the engine returned no valid gate probabilities ({probs}); the request's rows "
+                            f"were incomplete (a prefix-cache read or a prompt not ending with the suffix)")
+        return GateOutcome(gate_result(probs, thresholds or adapter.spec.thresholds), None, len(ids))
+
+    async def gate(self, question: str, passages: Sequence[Passage] = (), conversation: Sequence[Turn] = (),
+                   thresholds: Thresholds | None = None) -> GateOutcome:
+        """Gate `question` over `passages` (and the conversation so far)."""
+        self._require_gate()
+        assert self.prompts is not None
+        prompt = self.prompts.build(question, passages, conversation)
+        outcome = await self.gate_prompt(prompt.gate, thresholds)
+        return GateOutcome(outcome.result, prompt, outcome.num_prompt_tokens)
+
+    async def gate_many(self, items: Sequence[tuple[str, Sequence[Passage]]],
+                        thresholds: Thresholds | None = None) -> list[GateOutcome]:
+        """Gate several (question, passages) pairs concurrently, in the same batches."""
+        return list(await asyncio.gather(*(self.gate(q, p, thresholds=thresholds) for q, p in items)))
+
+    # ----- engine -------------------------------------------------------------------------------
+
+    async def reset_prefix_cache(self) -> None:
+        await self.llm.reset_prefix_cache()
+
+    @property
+    def kv_blocks(self) -> int:
+        """KV-cache blocks the engine allocated."""
+        return int(self.llm.vllm_config.cache_config.num_gpu_blocks)
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.kv_blocks * int(self.llm.vllm_config.cache_config.block_size)
+
+    def shutdown(self) -> None:
+        self.llm.shutdown()

@@ -1,0 +1,60 @@
+"""The vLLM plugin: registers the gated architectures and tells the gated model, each step, its gate rows.
+
+vLLM calls `register()` through the `vllm.general_plugins` entry point in every process it starts
+(client, engine core, workers). It registers `Gated<Arch>` model classes, selected per engine with
+`hf_overrides={"architectures": ["Gated..."], ...}` (see `gatehead.runtime.engine`), and wraps the
+V1 model runner's `_model_forward`, the runner's documented override point, which runs once per real
+step after the batch is final. The wrapper reads which scheduled requests are gate requests
+(`SamplingParams.extra_args`) and where their tokens lie, and hands that to the model. For any model
+without a gate it calls the original method and does nothing else.
+"""
+
+from __future__ import annotations
+
+GATED_ARCHITECTURES = {"Qwen3ForCausalLM": "GatedQwen3ForCausalLM"}
+GATE_FLAG = "gatehead"  # SamplingParams.extra_args[GATE_FLAG] == "gate" marks a gate request
+
+
+def register() -> None:
+    from vllm import ModelRegistry
+
+    for gated in GATED_ARCHITECTURES.values():
+        ModelRegistry.register_model(gated, f"gatehead.runtime.gated:{gated}")
+    _wrap_model_forward()
+
+
+def _wrap_model_forward() -> None:
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    original = GPUModelRunner._model_forward
+    if getattr(original, "gatehead_wrapped", False):
+        return
+
+    def _model_forward(self, *args, **kwargs):
+        state = getattr(self.get_model(), "gatehead", None)
+        if state is not None:
+            state.begin_step(*plan_step(self, len(state.suffix_ids)))
+        return original(self, *args, **kwargs)
+
+    _model_forward.gatehead_wrapped = True
+    GPUModelRunner._model_forward = _model_forward
+
+
+def plan_step(runner, suffix_len: int):
+    """This step's gate rows and the ids of the requests the runner holds."""
+    from gatehead.runtime.gated import GateRow
+
+    batch = runner.input_batch
+    starts = runner.query_start_loc.np
+    rows = []
+    for i, req_id in enumerate(batch.req_ids):
+        state = runner.requests[req_id]
+        extra = state.sampling_params.extra_args if state.sampling_params is not None else None
+        if not extra or extra.get(GATE_FLAG) != "gate":
+            continue
+        done, prompt_len = int(batch.num_computed_tokens_cpu[i]), state.num_prompt_tokens
+        if done >= prompt_len:
+            continue
+        tail = tuple(state.prompt_token_ids[-suffix_len:]) if state.prompt_token_ids else ()
+        rows.append(GateRow(req_id, i, int(starts[i]), int(starts[i + 1]), done, prompt_len, tail))
+    return rows, set(runner.requests)
