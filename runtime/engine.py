@@ -166,12 +166,8 @@ class SharedEngine:
     async def generate(self, prompt: str | Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
                        ignore_eos: bool = False, seed: int | None = None) -> Generation:
         """Generate a completion of `prompt` (text, tokenized with special tokens parsed, or token ids)."""
-        last = None
-        async for last in self.stream(prompt, max_tokens=max_tokens, temperature=temperature,
-                                      ignore_eos=ignore_eos, seed=seed):
-            pass
-        assert last is not None
-        return last
+        return await _last(self.stream(prompt, max_tokens=max_tokens, temperature=temperature,
+                                       ignore_eos=ignore_eos, seed=seed))
 
     # ----- gate ---------------------------------------------------------------------------------
 
@@ -199,10 +195,8 @@ class SharedEngine:
         self._check_length(ids, 1)
         params = SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=list(self.action_ids),
                                 skip_reading_prefix_cache=True, detokenize=False, extra_args={GATE_FLAG: "gate"})
-        final = None
-        async for final in self.llm.generate({"prompt_token_ids": ids}, params, request_id=f"gate-{uuid.uuid4().hex}"):
-            pass
-        assert final is not None and final.outputs[0].logprobs, "a gate request returns its action logprobs"
+        final = await _last(self.llm.generate({"prompt_token_ids": ids}, params, request_id=f"gate-{uuid.uuid4().hex}"))
+        assert final.outputs[0].logprobs, "a gate request returns its action logprobs"
         entry = final.outputs[0].logprobs[0]
         probs = {label: math.exp(entry[token].logprob) for label, token in zip(LABELS, self.action_ids, strict=True)}
         if any(not math.isfinite(p) for p in probs.values()) or abs(sum(probs.values()) - 1.0) > 1e-3:
@@ -240,3 +234,12 @@ class SharedEngine:
 
     def shutdown(self) -> None:
         self.llm.shutdown()
+
+
+async def _last(stream: AsyncIterator[Any]) -> Any:
+    """The last item of an async stream (vLLM's and ours are cumulative)."""
+    item = None
+    async for item in stream:  # noqa: B007
+        pass
+    assert item is not None, "the engine ended the stream without output"
+    return item

@@ -47,19 +47,16 @@ def _register() -> None:
 def tap_norm(norm: torch.nn.Module, buf: torch.Tensor, perturbed: bool = False) -> None:
     """Make `norm` (a vLLM RMSNorm called as `norm(hidden, residual)`) tap its residual output into `buf`."""
     _register()
-    norm.__class__ = _perturbed_class(type(norm)) if perturbed else _tapped_class(type(norm))
+    forward = _forward_perturbed if perturbed else _forward
+    key = (type(norm), perturbed)
+    if key not in _CLASSES:
+        _CLASSES[key] = type(f"{'Perturbed' if perturbed else 'Tapped'}{type(norm).__name__}", (type(norm),),
+                             {"forward": forward})
+    norm.__class__ = _CLASSES[key]
     norm.gatehead_tap = buf
 
 
 _CLASSES: dict[tuple[type, bool], type] = {}
-
-
-def _tapped_class(base: type) -> type:
-    return _CLASSES.setdefault((base, False), type(f"Tapped{base.__name__}", (base,), {"forward": _forward}))
-
-
-def _perturbed_class(base: type) -> type:
-    return _CLASSES.setdefault((base, True), type(f"Perturbed{base.__name__}", (base,), {"forward": _forward_perturbed}))
 
 
 def _forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):

@@ -80,7 +80,7 @@ def test_wrong_base_model_is_rejected(tiny: TinyModel, tiny_other: TinyModel) ->
         load_gate_adapter(tiny.adapter_dir, tiny_other.model_dir)
 
 
-@pytest.mark.parametrize("field,value", [("hidden_size", 128), ("num_layers", 8), ("architecture", "LlamaForCausalLM")])
+@pytest.mark.parametrize("field,value", [("hidden_size", 256), ("num_layers", 8), ("architecture", "LlamaForCausalLM")])
 def test_base_shape_mismatch_names_the_field(copy_of, tiny: TinyModel, field: str, value) -> None:
     adapter_dir = copy_of(edit_json(GATE_JSON, lambda d: d["base"].__setitem__(field, value)))
     with pytest.raises(AdapterError, match=f"wrong base model.*{field}={value!r}"):
