@@ -270,8 +270,9 @@ def _check_head(adapter_dir: Path, hidden_size: int) -> None:
 
 
 def _check_tokens(spec: GateSpec, base_dir: Path) -> None:
-    from gatehead.gate.prompt import reserved_token_id
     from transformers import AutoTokenizer
+
+    from gatehead.gate.prompt import reserved_token_id
 
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     suffix_ids = tokenizer.encode(spec.suffix, add_special_tokens=False)

@@ -16,10 +16,11 @@ import re
 from pathlib import Path
 
 import torch
-from gatehead.gate.adapter import ADAPTER_WEIGHTS, GateAdapter
 from safetensors.torch import load_file
 from torch import nn
 from torch.nn import functional as F
+
+from gatehead.gate.adapter import ADAPTER_WEIGHTS, GateAdapter
 
 _LORA_KEY = re.compile(r"\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
 QKV = ("q_proj", "k_proj", "v_proj")

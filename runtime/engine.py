@@ -112,9 +112,11 @@ class SharedEngine:
         args = dict(
             model=str(model_dir), dtype=config.dtype, max_model_len=self.max_model_len, seed=config.seed,
             enforce_eager=config.enforce_eager, enable_prefix_caching=config.enable_prefix_caching,
-            enable_chunked_prefill=config.enable_chunked_prefill, hf_overrides=overrides or None,
+            enable_chunked_prefill=config.enable_chunked_prefill,
             disable_log_stats=False, **config.extra,
         )
+        if overrides:
+            args["hf_overrides"] = overrides
         if config.kv_cache_memory_bytes is not None:
             args["kv_cache_memory_bytes"] = config.kv_cache_memory_bytes
         else:

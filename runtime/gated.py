@@ -18,12 +18,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch import nn
+from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
+
 from gatehead.gate.adapter import load_gate_adapter
 from gatehead.gate.policy import LABELS
 from gatehead.runtime.branch import GateBranch
 from gatehead.runtime.tap import tap_norm
-from torch import nn
-from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
 
 
 @dataclass(frozen=True)

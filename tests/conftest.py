@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from gatehead.runtime.tiny import TinyModel, TinySpec, build_tiny
 
 

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from safetensors.torch import load_file, save_file
+
 from gatehead.gate.adapter import GATE_JSON, AdapterError, BaseIdentity, load_gate_adapter, save_gate_adapter
 from gatehead.gate.weights import fingerprint
 from gatehead.runtime.reference import HFReference
 from gatehead.runtime.tiny import TinyModel
-from safetensors.torch import load_file, save_file
 
 WEIGHTS = "adapter_model.safetensors"
 

@@ -3,6 +3,7 @@
 import math
 
 import pytest
+
 from gatehead.gate.policy import Thresholds, decide, gate_result
 
 

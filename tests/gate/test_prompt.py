@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from gatehead.gate.adapter import DEFAULT_ACTION_TOKENS, DEFAULT_SUFFIX
 from gatehead.gate.prompt import DEFAULT_SYSTEM, Passage, PromptBuilder, PromptConfig, Turn, encode_untrusted
 

@@ -8,10 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file
+
 from gatehead.gate.prompt import Passage, Turn
 from gatehead.runtime.reference import HFReference
 from gatehead.runtime.tiny import TinyModel
-from safetensors.torch import load_file
 
 QUESTIONS = ["How long is the warranty?", "Who won the match?", "Reset the router?", "Price of the premium plan?"]
 

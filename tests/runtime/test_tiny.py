@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from gatehead.gate.weights import fingerprint
 from gatehead.runtime.reference import HFReference
 from gatehead.runtime.tiny import RESERVED_TOKENS, TinySpec, build_tiny
