@@ -104,6 +104,16 @@ def _reference_gate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _export_dedicated(args: argparse.Namespace) -> int:
+    from gatehead.runtime.dedicated import export_dedicated
+
+    locations = model_locations()
+    out = export_dedicated(args.model or locations["model"], args.adapter or locations["adapter"], args.out,
+                           dtype=args.dtype)
+    print(f"wrote {out}: serve it with stock vLLM, LLM(model=..., runner='pooling').classify(...)")
+    return 0
+
+
 def _build_tiny(args: argparse.Namespace) -> int:
     from gatehead.runtime.tiny import TinySpec, build_tiny
 
@@ -156,6 +166,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--t-answer", type=float, help="answer threshold (default: the adapter's)")
     p.add_argument("--t-refuse", type=float, help="refuse threshold (default: the adapter's)")
     p.set_defaults(func=_reference_gate)
+
+    p = commands.add_parser("export-dedicated", help="merge the gate into an HF classifier for stock vLLM")
+    p.add_argument("out", type=Path)
+    p.add_argument("--model", help="base model directory (default: GATEHEAD_MODEL, else the demo model)")
+    p.add_argument("--adapter", help="gate adapter directory (default: GATEHEAD_ADAPTER, else the demo's)")
+    p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    p.set_defaults(func=_export_dedicated)
 
     p = commands.add_parser("build-tiny", help="build a tiny random model and gate adapter (tests, benchmarks)")
     p.add_argument("out", type=Path)

@@ -159,8 +159,12 @@ def lora_config(num_layers: int, k: int = DEFAULT_K, rank: int = 8, alpha: float
     )
 
 
-def load_gate_adapter(adapter_dir: str | Path, base_dir: str | Path) -> GateAdapter:
-    """Load `adapter_dir` and validate it against the base model in `base_dir`."""
+def load_gate_adapter(adapter_dir: str | Path, base_dir: str | Path, check_tokens: bool = True) -> GateAdapter:
+    """Load `adapter_dir` and validate it against the base model in `base_dir`.
+
+    `check_tokens=False` skips loading the tokenizer to check the reserved tokens (the engine's
+    workers do, after the engine's client has checked them).
+    """
     adapter_dir, base_dir = Path(adapter_dir), Path(base_dir)
     for name in ("adapter_config.json", ADAPTER_WEIGHTS, GATE_JSON):
         if not (adapter_dir / name).exists():
@@ -175,7 +179,8 @@ def load_gate_adapter(adapter_dir: str | Path, base_dir: str | Path) -> GateAdap
     peft_config = json.loads((adapter_dir / "adapter_config.json").read_text())
     layers = _check_lora(peft_config, adapter_dir, spec)
     _check_head(adapter_dir, spec.base.hidden_size)
-    _check_tokens(spec, base_dir)
+    if check_tokens:
+        _check_tokens(spec, base_dir)
     return GateAdapter(
         path=adapter_dir,
         spec=spec,

@@ -68,6 +68,7 @@ class GateOutcome:
     result: GateResult
     prompt: Prompt | None
     num_prompt_tokens: int
+    num_cached_tokens: int  # prompt tokens read from the prefix cache: always 0 for a gate request
 
 
 class SharedEngine:
@@ -204,7 +205,8 @@ class SharedEngine:
         if any(not math.isfinite(p) for p in probs.values()) or abs(sum(probs.values()) - 1.0) > 1e-3:
             raise GateError(f"the engine returned no valid gate probabilities ({probs}); the request's rows "
                             f"were incomplete (a prefix-cache read or a prompt not ending with the suffix)")
-        return GateOutcome(gate_result(probs, thresholds or adapter.spec.thresholds), None, len(ids))
+        return GateOutcome(gate_result(probs, thresholds or adapter.spec.thresholds), None, len(ids),
+                           final.num_cached_tokens or 0)
 
     async def gate(self, question: str, passages: Sequence[Passage] = (), conversation: Sequence[Turn] = (),
                    thresholds: Thresholds | None = None) -> GateOutcome:
@@ -213,7 +215,7 @@ class SharedEngine:
         assert self.prompts is not None
         prompt = self.prompts.build(question, passages, conversation)
         outcome = await self.gate_prompt(prompt.gate, thresholds)
-        return GateOutcome(outcome.result, prompt, outcome.num_prompt_tokens)
+        return GateOutcome(outcome.result, prompt, outcome.num_prompt_tokens, outcome.num_cached_tokens)
 
     async def gate_many(self, items: Sequence[tuple[str, Sequence[Passage]]],
                         thresholds: Thresholds | None = None) -> list[GateOutcome]:
@@ -233,6 +235,14 @@ class SharedEngine:
     @property
     def kv_tokens(self) -> int:
         return self.kv_blocks * int(self.llm.vllm_config.cache_config.block_size)
+
+    async def plugin_memory(self) -> dict[str, int]:
+        """Itemised bytes gatehead's plugin allocated in the (first) worker; {} for a stock engine."""
+        if self.adapter is None:
+            return {}
+        from gatehead.runtime.plugin import worker_memory
+
+        return (await self.llm.collective_rpc(worker_memory))[0]
 
     def shutdown(self) -> None:
         self.llm.shutdown()

@@ -49,7 +49,7 @@ class GateState(nn.Module):
         hf = model_config.hf_config
         if vllm_config.parallel_config.pipeline_parallel_size > 1:
             raise ValueError("gatehead does not support pipeline parallelism yet; use tensor parallelism")
-        adapter = load_gate_adapter(hf.gatehead_adapter, model_config.model)
+        adapter = load_gate_adapter(hf.gatehead_adapter, model_config.model, check_tokens=False)
         layers = model.model.layers
         dtype = model_config.dtype
         self.suffix_ids = tuple(hf.gatehead_suffix_ids)

@@ -40,6 +40,11 @@ def _wrap_model_forward() -> None:
     GPUModelRunner._model_forward = _model_forward
 
 
+def worker_memory(worker) -> dict[str, int]:
+    """Run on a worker (through `collective_rpc`): the itemised bytes the plugin allocated there."""
+    return worker.model_runner.get_model().gatehead.memory_bytes()
+
+
 def plan_step(runner, suffix_len: int):
     """This step's gate rows and the ids of the requests the runner holds."""
     from gatehead.runtime.gated import GateRow

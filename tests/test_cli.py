@@ -49,3 +49,29 @@ def test_bad_input_exits_2_with_the_fix(tiny: TinyModel, tiny_other: TinyModel) 
     assert bad.returncode == 2 and "threshold 'answer' must be a number in [0, 1]" in bad.stderr
     wrong = run("gate", "--model", str(tiny_other.model_dir), "--adapter", str(tiny.adapter_dir), "--question", "q")
     assert wrong.returncode == 2 and "wrong base model" in wrong.stderr
+
+
+def test_export_dedicated_writes_a_stock_classifier(tiny: TinyModel, tmp_path: Path) -> None:
+    import numpy as np
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    from gatehead.runtime.reference import HFReference
+
+    out = tmp_path / "dedicated"
+    result = run("export-dedicated", str(out), "--model", str(tiny.model_dir), "--adapter", str(tiny.adapter_dir),
+                 "--dtype", "float32")
+    assert result.returncode == 0, result.stderr
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3ForSequenceClassification"]
+    assert config["id2label"] == {"0": "answer", "1": "refuse", "2": "search"}
+    assert (out / "tokenizer.json").exists() and not list(out.glob("adapter_*"))
+    ids = HFReference(tiny.model_dir).tokenizer.encode("How long is the warranty?<|gate|>")
+    merged = AutoModelForSequenceClassification.from_pretrained(out, dtype=torch.float32)
+    with torch.no_grad():
+        probs = merged(input_ids=torch.tensor([ids])).logits.softmax(-1)[0].numpy()
+    reference = HFReference(tiny.model_dir, tiny.adapter_dir).gate_probs([ids])[0]
+    assert np.abs(probs - reference).max() < 1e-5  # merged in fp32 = unmerged in fp32
+    missing = run("export-dedicated", str(tmp_path / "x"), "--model", str(tiny.model_dir), "--adapter",
+                  str(tmp_path / "nope"))
+    assert missing.returncode == 2 and "has no adapter_config.json" in missing.stderr

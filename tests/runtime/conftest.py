@@ -1,0 +1,79 @@
+"""Engine fixtures: real vLLM engines on the tiny model, started once and shared by the tests that need them.
+
+Engine processes are spawned; each costs ~30 s to start in eager mode and ~90 s in compile mode on
+2 CPU cores, so engines are session- or module-scoped and every test reuses them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any, TypeVar
+
+import pytest
+
+from gatehead.runtime.engine import EngineConfig, SharedEngine
+from gatehead.runtime.tiny import TinyModel
+
+T = TypeVar("T")
+KV_BYTES = 128 << 20
+MEMORY_FRACTION = 0.1  # of NUMA node 0; engines sized this way also measure KV capacity
+
+
+class Loop:
+    """One event loop on a thread for the whole session: AsyncLLM binds to the loop it first runs in."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 900) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+
+@pytest.fixture(scope="session")
+def loop() -> Loop:
+    return Loop()
+
+
+def engine_config(tiny: TinyModel, gate: bool = True, **overrides: Any) -> EngineConfig:
+    """The tests' engine shape: bf16, 1k context, 32-token blocks (prefix hits are whole blocks)."""
+    base: dict[str, Any] = dict(model=tiny.model_dir, adapter=tiny.adapter_dir if gate else None,
+                                kv_cache_memory_bytes=KV_BYTES, enforce_eager=True, block_size=32, max_model_len=1024)
+    base.update(overrides)
+    return EngineConfig(**base)
+
+
+def started(config: EngineConfig) -> Iterator[SharedEngine]:
+    engine = SharedEngine(config)
+    try:
+        yield engine
+    finally:
+        engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def engines(tiny: TinyModel) -> Iterator[Callable[..., SharedEngine]]:
+    """Start engines for one test module (`engines(gate=True, **config)`); all shut down after it."""
+    made: list[SharedEngine] = []
+
+    def start(gate: bool = True, **overrides: Any) -> SharedEngine:
+        made.append(SharedEngine(engine_config(tiny, gate, **overrides)))
+        return made[-1]
+
+    yield start
+    for engine in made:
+        engine.shutdown()
+
+
+@pytest.fixture(scope="session")
+def stock_eager(tiny: TinyModel) -> Iterator[SharedEngine]:
+    """Stock vLLM (no plugin model), eager, KV sized by memory fraction."""
+    yield from started(engine_config(tiny, gate=False, kv_cache_memory_bytes=None, memory_fraction=MEMORY_FRACTION))
+
+
+@pytest.fixture(scope="session")
+def shared_eager(tiny: TinyModel) -> Iterator[SharedEngine]:
+    """The shared engine, eager, KV sized by the same memory fraction as `stock_eager`."""
+    yield from started(engine_config(tiny, kv_cache_memory_bytes=None, memory_fraction=MEMORY_FRACTION))

@@ -1,0 +1,64 @@
+"""Fidelity per DESIGN's judging rules, on the tiny model in bf16: answer stability and gate agreement."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gatehead.evals.agreement import agreement, dedicated_gate_probs, shared_gate_probs
+from gatehead.evals.stability import check_stability
+from gatehead.evals.workload import synthetic_requests
+from gatehead.runtime.dedicated import export_dedicated
+from gatehead.runtime.engine import SharedEngine
+from gatehead.runtime.reference import HFReference
+from gatehead.runtime.tiny import TinyModel
+
+N_STABILITY = 64
+N_AGREEMENT = 256
+
+
+def prompts(engine: SharedEngine, n: int, seed: int, kind: str) -> list[tuple[int, ...]]:
+    built = [engine.prompts.build(r.question, r.passages, r.conversation) for r in synthetic_requests(n, seed)]
+    return [getattr(b, kind) for b in built]
+
+
+@pytest.fixture(scope="module")
+def perturbed_eager(engines) -> SharedEngine:
+    """The negative control: a tap that writes its rounding back into the residual stream."""
+    return engines(tap="perturbed")
+
+
+@pytest.mark.parametrize("mixed", [False, True], ids=["plain", "mixed"])
+def test_stability_eager(stock_eager, shared_eager, loop, mixed: bool) -> None:
+    answers = prompts(shared_eager, N_STABILITY, seed=1, kind="answer")
+    gates = prompts(shared_eager, N_STABILITY, seed=2, kind="gate") if mixed else []
+    result = loop.run(check_stability(stock_eager, shared_eager, answers, 128, gates))
+    print(f"eager {'mixed' if mixed else 'plain'}: {result}")
+    assert result.passed, result
+
+
+def test_perturbed_tap_fails_the_stability_check(stock_eager, perturbed_eager, loop) -> None:
+    answers = prompts(perturbed_eager, N_STABILITY, seed=1, kind="answer")
+    result = loop.run(check_stability(stock_eager, perturbed_eager, answers, 128))
+    print(f"perturbed tap: {result}")
+    assert not result.passed
+    assert result.shared_vs_stock.differing > result.stock_vs_stock.differing
+
+
+def test_gate_agreement_with_dedicated_engine_and_references(shared_eager, loop, tiny: TinyModel, tmp_path) -> None:
+    gates = prompts(shared_eager, N_AGREEMENT, seed=3, kind="gate")
+    generations = prompts(shared_eager, 32, seed=4, kind="answer")
+    shared = loop.run(shared_gate_probs(shared_eager, gates, generations))
+    export = export_dedicated(tiny.model_dir, tiny.adapter_dir, tmp_path / "dedicated")
+    dedicated = dedicated_gate_probs(export, gates, tiny.adapter.spec.labels, dtype="bfloat16",
+                                     kv_cache_memory_bytes=128 << 20, enforce_eager=True, max_model_len=1024)
+    fp32 = HFReference(tiny.model_dir, tiny.adapter_dir, "float32").gate_probs(gates)
+    bf16 = HFReference(tiny.model_dir, tiny.adapter_dir, "bfloat16").gate_probs(gates)
+    thresholds = tiny.adapter.spec.thresholds
+    vs_dedicated = agreement(shared, dedicated, thresholds)
+    vs_fp32, bf16_vs_fp32 = agreement(shared, fp32, thresholds), agreement(bf16, fp32, thresholds)
+    print(f"shared vs dedicated: {vs_dedicated}\nshared vs HF fp32: {vs_fp32}\nHF bf16 vs HF fp32: {bf16_vs_fp32}")
+    assert len(vs_dedicated.mix_a) >= 2, "every decision in one class: flips would mean nothing"
+    assert vs_dedicated.flips == 0 and vs_dedicated.max_dp <= 0.02
+    assert vs_fp32.flips <= bf16_vs_fp32.flips
+    assert np.allclose(shared.sum(axis=1), 1.0, atol=1e-5)
