@@ -118,6 +118,7 @@ class SharedEngine:
         )
         if overrides:
             args["hf_overrides"] = overrides
+            args["worker_extension_cls"] = "gatehead.runtime.plugin.WorkerExtension"
         if config.kv_cache_memory_bytes is not None:
             args["kv_cache_memory_bytes"] = config.kv_cache_memory_bytes
         else:
@@ -240,9 +241,7 @@ class SharedEngine:
         """Itemised bytes gatehead's plugin allocated in the (first) worker; {} for a stock engine."""
         if self.adapter is None:
             return {}
-        from gatehead.runtime.plugin import worker_memory
-
-        return (await self.llm.collective_rpc(worker_memory))[0]
+        return (await self.llm.collective_rpc("gatehead_memory"))[0]
 
     def shutdown(self) -> None:
         self.llm.shutdown()

@@ -40,9 +40,12 @@ def _wrap_model_forward() -> None:
     GPUModelRunner._model_forward = _model_forward
 
 
-def worker_memory(worker) -> dict[str, int]:
-    """Run on a worker (through `collective_rpc`): the itemised bytes the plugin allocated there."""
-    return worker.model_runner.get_model().gatehead.memory_bytes()
+class WorkerExtension:
+    """Methods vLLM mixes into gated engines' workers (`worker_extension_cls`), for `collective_rpc`."""
+
+    def gatehead_memory(self) -> dict[str, int]:
+        """The itemised bytes the plugin allocated in this worker."""
+        return self.model_runner.get_model().gatehead.memory_bytes()
 
 
 def plan_step(runner, suffix_len: int):
