@@ -124,6 +124,26 @@ def _config(spec: TinySpec, vocab_size: int, tokenizer):
     return Qwen2Config(**common)
 
 
+def _centred_head(model, tokenizer, spec: TinySpec, generator):
+    """A random head [3, hidden] orthogonal to the mean final state of gate prompts.
+
+    A random model's final states share one large direction (the suffix token's); a random head
+    read along it sends every prompt to the same class. Removing it lets decisions vary with the prompt.
+    """
+    import torch
+
+    from gatehead.gate.prompt import Passage, PromptBuilder, PromptConfig
+
+    builder = PromptBuilder(tokenizer, DEFAULT_SUFFIX, PromptConfig(max_context=spec.max_position))
+    lines = _CORPUS.splitlines()
+    prompts = [builder.build(q, [Passage(p)]).gate for q, p in zip(lines, lines[3:] + lines[:3], strict=True)]
+    decoder = model.base_model.model.model  # PEFT wrapper -> LoRA model -> *ForSequenceClassification -> decoder
+    states = torch.stack([decoder(input_ids=torch.tensor([p])).last_hidden_state[0, -1] for p in prompts])
+    mean = states.mean(0)
+    head = torch.randn(3, spec.hidden_size, generator=generator) * spec.head_std
+    return head - (head @ mean)[:, None] * mean[None, :] / (mean @ mean)
+
+
 def build_tiny(out_dir: str | Path, spec: TinySpec = TinySpec()) -> TinyModel:
     """Build the tiny model and its random gate adapter under `out_dir` (see the module docstring)."""
     import torch
@@ -156,8 +176,8 @@ def build_tiny(out_dir: str | Path, spec: TinySpec = TinySpec()) -> TinyModel:
         for name, param in model.named_parameters():
             if "lora_" in name:
                 param.copy_(torch.randn(param.shape, generator=generator) * spec.lora_std)
-            elif "score" in name and param.requires_grad:
-                param.copy_(torch.randn(param.shape, generator=generator) * spec.head_std)
+        head = next(p for n, p in model.named_parameters() if "score" in n and p.requires_grad)
+        head.copy_(_centred_head(model, tokenizer, spec, generator))
     gate_spec = GateSpec(k=spec.k, base=BaseIdentity.of_model(model_dir))
     adapter = save_gate_adapter(model, gate_spec, adapter_dir, model_dir)
     return TinyModel(model_dir=model_dir, adapter_dir=adapter_dir, adapter=adapter)
