@@ -60,6 +60,8 @@ def info() -> dict[str, object]:
         "platform": platform.platform(),
         "packages": {n if isinstance(n, str) else n[0]: _version(n) for n in PACKAGES},
         "device": _device(),
+        "vllm_plugin": [f"{e.name} = {e.value}" for e in metadata.entry_points(group="vllm.general_plugins")
+                        if e.value.startswith("gatehead.")],
         "models": model_locations(),
     }
 
@@ -75,6 +77,7 @@ def _print_info(args: argparse.Namespace) -> int:
         print(f"  {name:<13} {version or 'not installed'}")
     device = report["device"]
     print("device:   " + ", ".join(f"{k}={v}" for k, v in device.items()))
+    print("vLLM plugin: " + (", ".join(report["vllm_plugin"]) or "not registered (reinstall gatehead)"))
     models = report["models"]
     print("models (GATEHEAD_MODEL / GATEHEAD_ADAPTER override the demo defaults):")
     print(f"  model        {models['model']}")
@@ -129,8 +132,9 @@ DEMO_QUESTIONS = (
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from gatehead.gate.prompt import Passage
-    from gatehead.runtime.reference import HFReference
+    import asyncio
+
+    from gatehead.runtime.engine import EngineConfig, SharedEngine
 
     if (demo.MODEL_DIR / "config.json").exists():
         model_dir, adapter_dir = demo.MODEL_DIR, demo.ADAPTER_DIR
@@ -141,12 +145,26 @@ def _demo(args: argparse.Namespace) -> int:
               "decisions below show the mechanics only, not quality.")
         tiny = build_tiny(Path(args.cache) / "tiny")
         model_dir, adapter_dir = tiny.model_dir, tiny.adapter_dir
-    reference = HFReference(model_dir, adapter_dir)
-    for question, docs in DEMO_QUESTIONS:
-        result = reference.gate(question, [Passage(text=d, title="doc") for d in docs])
-        probs = "  ".join(f"{k}={v:.3f}" for k, v in result.probs.items())
-        print(f"{question}\n  -> {result.decision:<7} ({probs})")
+    print("Starting one vLLM engine for both the gate and the answers (eager mode)...")
+    engine = SharedEngine(EngineConfig(model=model_dir, adapter=adapter_dir, enforce_eager=True,
+                                       kv_cache_memory_bytes=256 << 20, max_model_len=2048))
+    try:
+        asyncio.run(_demo_turns(engine))
+    finally:
+        engine.shutdown()
     return 0
+
+
+async def _demo_turns(engine) -> None:
+    from gatehead.gate.prompt import Passage
+
+    for question, docs in DEMO_QUESTIONS:
+        outcome = await engine.gate(question, [Passage(text=d, title="doc") for d in docs])
+        probs = "  ".join(f"{k}={v:.3f}" for k, v in outcome.result.probs.items())
+        print(f"{question}\n  gate:   {outcome.result.decision:<7} ({probs})")
+        answer = await engine.generate(outcome.prompt.answer, max_tokens=32)
+        print(f"  answer: {answer.text!r}\n          ({answer.num_cached_tokens} of {len(outcome.prompt.answer)} "
+              f"prompt tokens reused from the gate's prefill)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -22,6 +22,7 @@ from gatehead.gate.adapter import GateAdapter, load_gate_adapter
 from gatehead.gate.policy import LABELS, GateResult, Thresholds, gate_result
 from gatehead.gate.prompt import Passage, Prompt, PromptBuilder, PromptConfig, Turn, reserved_token_id
 from gatehead.runtime.plugin import GATE_FLAG, GATED_ARCHITECTURES
+from gatehead.runtime.stats import EngineStats, stat_logger_factory
 
 
 class GateError(RuntimeError):
@@ -126,7 +127,8 @@ class SharedEngine:
         for name in ("max_num_batched_tokens", "max_num_seqs", "block_size"):
             if getattr(config, name) is not None:
                 args[name] = getattr(config, name)
-        self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+        self._stats = EngineStats()
+        self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), stat_loggers=[stat_logger_factory(self._stats)])
 
     # ----- generation -------------------------------------------------------------------------
 
@@ -160,6 +162,7 @@ class SharedEngine:
         ids = self._check_generation_prompt(prompt)
         self._check_length(ids, max_tokens)
         params = self._sampling(max_tokens, temperature, ignore_eos, seed)
+        self._stats.generation_requests += 1
         async for out in self.llm.generate({"prompt_token_ids": ids}, params, request_id=f"gen-{uuid.uuid4().hex}"):
             completion = out.outputs[0]
             logprobs = [entry[token].logprob for entry, token in zip(completion.logprobs or [], completion.token_ids,
@@ -199,6 +202,7 @@ class SharedEngine:
         self._check_length(ids, 1)
         params = SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=list(self.action_ids),
                                 skip_reading_prefix_cache=True, detokenize=False, extra_args={GATE_FLAG: "gate"})
+        self._stats.gate_requests += 1
         final = await _last(self.llm.generate({"prompt_token_ids": ids}, params, request_id=f"gate-{uuid.uuid4().hex}"))
         assert final.outputs[0].logprobs, "a gate request returns its action logprobs"
         entry = final.outputs[0].logprobs[0]
@@ -227,6 +231,10 @@ class SharedEngine:
 
     async def reset_prefix_cache(self) -> None:
         await self.llm.reset_prefix_cache()
+
+    def stats(self) -> dict[str, float]:
+        """Counters and gauges from vLLM's step stats, plus KV capacity and request counts."""
+        return {**self._stats.snapshot(), "kv_blocks": self.kv_blocks, "kv_tokens": self.kv_tokens}
 
     @property
     def kv_blocks(self) -> int:

@@ -27,6 +27,7 @@ def test_info_reports_versions_device_and_model_locations(tmp_path: Path) -> Non
     assert report["packages"]["torch"] == metadata.version("torch")
     assert report["packages"]["vllm"].startswith("0.32.")
     assert report["device"]["kind"] in ("cpu", "cuda")
+    assert report["vllm_plugin"] == ["gatehead = gatehead.runtime.plugin:register"]
     assert report["models"]["model"] == str(tmp_path / "m") and report["models"]["adapter"] == str(tmp_path / "a")
     text = run("info", env=env).stdout
     assert "transformers" in text and str(tmp_path / "m") in text

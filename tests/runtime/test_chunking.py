@@ -25,16 +25,17 @@ def cramped(engines) -> SharedEngine:
 
 
 def test_chunked_uncached_and_preempted_prompts_give_the_same_probabilities(cramped, shared_eager, loop) -> None:
-    from vllm.v1.metrics.reader import get_metrics_snapshot
-
     def preemptions() -> float:
-        return sum(m.value for m in get_metrics_snapshot() if m.name == "vllm:num_preemptions")
+        return cramped.stats()["preemptions"]
 
     requests = synthetic_requests(24, seed=5)
     gates = [shared_eager.prompts.build(r.question, r.passages, r.conversation).gate for r in requests]
     assert max(len(g) for g in gates) > 2 * 64, "prompts must span several 64-token steps"
     answers = [shared_eager.prompts.build(r.question, r.passages).answer for r in synthetic_requests(12, seed=6)]
-    expected = probs_of(loop.run(asyncio.gather(*(shared_eager.gate_prompt(g) for g in gates))))
+    async def default():
+        return await asyncio.gather(*(shared_eager.gate_prompt(g) for g in gates))
+
+    expected = probs_of(loop.run(default()))
 
     async def crowded():
         work = [cramped.gate_prompt(g) for g in gates]
@@ -47,4 +48,5 @@ def test_chunked_uncached_and_preempted_prompts_give_the_same_probabilities(cram
     delta = np.abs(got - expected).max()
     print(f"chunked/uncached/preempted vs default: max |dp| {delta:.2e}, preemptions {preempted:.0f}")
     assert preempted > 0, "the KV pool was meant to force preemption"
+    assert cramped.stats()["prefix_cache_hits"] == 0
     assert delta <= 1e-3
