@@ -254,9 +254,17 @@ def _check_lora(peft_config: dict[str, Any], adapter_dir: Path, spec: GateSpec) 
         touched.add(int(match.group(1)))
     if not touched:
         raise AdapterError(f"{adapter_dir / ADAPTER_WEIGHTS} holds no LoRA weights")
-    if "score" not in (peft_config.get("modules_to_save") or []):
+    saved = set(peft_config.get("modules_to_save") or [])
+    if "score" not in saved:
         raise AdapterError(f"{where}: modules_to_save lacks 'score': the gate head must be saved "
                            f"with the adapter (modules_to_save=['score'])")
+    # PEFT adds "classifier" to SEQ_CLS adapters by itself; the base models here have none.
+    others = saved - {"score", "classifier"}
+    targets = peft_config.get("target_modules") or []
+    unknown = sorted(set([targets] if isinstance(targets, str) else targets) - set(DEFAULT_TARGET_MODULES))
+    if others or unknown:
+        raise AdapterError(f"{where}: the gate branch applies LoRA to {list(DEFAULT_TARGET_MODULES)} and saves "
+                           f"only the head; this adapter also has {sorted(others) + unknown}: retrain without them")
     return tuple(sorted(touched))
 
 

@@ -31,7 +31,7 @@ class GateBranch(nn.Module):
     """Runs the gate model's last k layers and head on one request's tapped rows."""
 
     def __init__(self, layers: list[nn.Module], final_norm: nn.Module, adapter: GateAdapter,
-                 dtype: torch.dtype) -> None:
+                 dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
         # Plain lists: the base modules must not be registered twice (their weights belong to the base).
         self.layers = list(layers)
@@ -39,7 +39,7 @@ class GateBranch(nn.Module):
         self.first_layer = adapter.branch_layer
         self.scaling = adapter.scaling
         self.lora_names: dict[tuple[int, str], tuple[str, str]] = {}
-        weights = load_file(Path(adapter.path) / ADAPTER_WEIGHTS)
+        weights = load_file(Path(adapter.path) / ADAPTER_WEIGHTS, device=str(device))
         for key, tensor in weights.items():
             match = _LORA_KEY.search(key)
             if match is None:

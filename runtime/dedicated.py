@@ -53,7 +53,9 @@ def export_dedicated(model_dir: str | Path, adapter_dir: str | Path, out_dir: st
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
-        merged.to(getattr(torch, dtype)).save_pretrained(tmp, safe_serialization=True, max_shard_size=max_shard_size)
+        merged.to(getattr(torch, dtype))
+        merged.score.to(torch.float32)  # the adapter's head is fp32, and vLLM's pooling head runs in fp32
+        merged.save_pretrained(tmp, safe_serialization=True, max_shard_size=max_shard_size)
         AutoTokenizer.from_pretrained(model_dir).save_pretrained(tmp)
         (tmp / "gatehead_dedicated.json").write_text(json.dumps(
             {"base_fingerprint": adapter.spec.base.fingerprint, "adapter": str(adapter.path),

@@ -109,8 +109,12 @@ class SharedEngine:
             }
         # Ids that only gatehead may place: the suffix's reserved token and the action tokens.
         self.gate_reserved = frozenset(self.action_ids) | frozenset(self.suffix_ids[-1:])
-        self.prompts = PromptBuilder(self.tokenizer, self.adapter.spec.suffix, PromptConfig(self.max_model_len)) \
-            if self.adapter is not None else None
+        self.prompts: PromptBuilder | None = None
+        if self.adapter is not None:
+            # Budgeted so that the gate prompt fits max_gate_tokens and the answer fits the window.
+            answer_tokens = PromptConfig(max_context=self.max_model_len).answer_tokens
+            window = min(self.max_model_len, self.max_gate_tokens + answer_tokens)
+            self.prompts = PromptBuilder(self.tokenizer, self.adapter.spec.suffix, PromptConfig(max_context=window))
         args = dict(
             model=str(model_dir), dtype=config.dtype, max_model_len=self.max_model_len, seed=config.seed,
             enforce_eager=config.enforce_eager, enable_prefix_caching=config.enable_prefix_caching,

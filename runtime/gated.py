@@ -1,16 +1,15 @@
 """The gated causal LMs that vLLM loads through the plugin: base model + tap + gate branch + gate rows in logits.
 
-Per step (see `gatehead.runtime.plugin` for where the plan comes from):
-1. `begin_step(rows, live)`: the gate requests scheduled this step, their rows in the flattened batch;
-2. the base forward runs unchanged (compiled or eager); the tap copies layer N-k's residual rows;
-3. `after_forward()`: gate rows of this step are retained; a prompt whose last chunk arrived runs
-   through the branch;
-4. `apply(logits)`: each finished gate request's logits row becomes -inf except the three reserved
+Per step (`gatehead.runtime.plugin` wraps the runner's `_model_forward` around steps 2-3):
+1. `begin_step(rows, live)`: the gate requests scheduled this step and their rows in the flattened batch;
+2. the base forward runs unchanged (compiled, eager or a CUDA graph); the tap copies layer N-k's residual;
+3. `after_forward()`: this step's gate rows are kept; a prompt whose last chunk arrived runs the branch;
+4. `compute_logits`: each finished gate request's logits row becomes -inf except the three reserved
    action tokens, which carry the head's logits; vLLM's `logprob_token_ids` returns their log-softmax.
 
 Generation rows are never touched. A gate request whose rows cannot be complete (it read the prefix
-cache, or its prompt does not end with the suffix) gets NaN action logits: the engine reports an
-error for it instead of a guess.
+cache, resumed mid-prompt, or its prompt does not end with the suffix) gets NaN action logits: the
+engine reports an error for it instead of a guess.
 """
 
 from __future__ import annotations
@@ -37,7 +36,59 @@ class GateRow:
     end: int
     done: int  # prompt tokens computed before this step
     prompt_len: int
-    prompt_tail: tuple[int, ...]  # the last prompt tokens, as long as the suffix
+    prompt_tail: tuple[int, ...]  # the last prompt tokens, as many as the suffix has
+
+    @property
+    def last_chunk(self) -> bool:
+        return self.done + (self.end - self.start) >= self.prompt_len
+
+
+class RowKeeper:
+    """Keeps gate requests' tapped rows across chunked-prefill steps; knows which prompts are complete.
+
+    At most `max_rows` rows are kept in all (one maximal gate prompt: vLLM's scheduler keeps at most
+    one request partially prefilled); a request that would exceed it fails instead of growing memory.
+    """
+
+    def __init__(self, suffix_ids: tuple[int, ...], max_rows: int) -> None:
+        self.suffix_ids = suffix_ids
+        self.max_rows = max_rows
+        self.kept: dict[str, list[torch.Tensor]] = {}
+        self.failed: set[str] = set()
+        self.plan: list[GateRow] = []
+
+    def begin_step(self, rows: list[GateRow], live: set[str]) -> None:
+        for req_id in [r for r in self.kept if r not in live]:  # finished, aborted or preempted
+            del self.kept[req_id]
+        self.failed &= live
+        for row in rows:
+            if row.done == 0:  # a (re)started prefill: preemption recomputes from the first token
+                self.kept[row.req_id] = []
+                self.failed.discard(row.req_id)
+            kept = self.kept.get(row.req_id)
+            if (kept is None or sum(t.shape[0] for t in kept) != row.done or row.prompt_tail != self.suffix_ids
+                    or row.prompt_len > self.max_rows or self.rows_kept() + (row.end - row.start) > self.max_rows):
+                self.failed.add(row.req_id)  # rows missing, not a gate prompt, or over the bound
+                self.kept.pop(row.req_id, None)
+        self.plan = rows
+
+    def collect(self, tap_buffer: torch.Tensor) -> list[tuple[int, torch.Tensor | None]]:
+        """Keep this step's rows; return (batch row, all rows or None if failed) per completed prompt."""
+        plan, self.plan = self.plan, []
+        complete = []
+        for row in plan:
+            if row.req_id not in self.failed:
+                self.kept[row.req_id].append(tap_buffer[row.start:row.end].clone())
+            if not row.last_chunk:
+                continue
+            if row.req_id in self.failed:
+                complete.append((row.batch_row, None))
+            else:
+                complete.append((row.batch_row, torch.cat(self.kept.pop(row.req_id))))
+        return complete
+
+    def rows_kept(self) -> int:
+        return sum(t.shape[0] for rows in self.kept.values() for t in rows)
 
 
 class GateState(nn.Module):
@@ -45,57 +96,35 @@ class GateState(nn.Module):
 
     def __init__(self, model: nn.Module, vllm_config) -> None:
         super().__init__()
+        _refuse_unsupported(vllm_config)
         model_config = vllm_config.model_config
         hf = model_config.hf_config
-        if vllm_config.parallel_config.pipeline_parallel_size > 1:
-            raise ValueError("gatehead does not support pipeline parallelism yet; use tensor parallelism")
         adapter = load_gate_adapter(hf.gatehead_adapter, model_config.model, check_tokens=False)
         layers = model.model.layers
         dtype = model_config.dtype
-        self.suffix_ids = tuple(hf.gatehead_suffix_ids)
-        order = [adapter.spec.labels.index(label) for label in LABELS]
-        self.head_order = order  # head row for each canonical label
-        self.register_buffer("action_ids", torch.tensor(hf.gatehead_action_ids, dtype=torch.long), persistent=False)
-        self.max_gate_tokens = int(hf.gatehead_max_gate_tokens)
-        self.branch = GateBranch(list(layers[adapter.branch_layer:]), model.model.norm, adapter, dtype)
         max_rows = vllm_config.scheduler_config.max_num_batched_tokens
+        # Created under vLLM's target-device context: the buffer lands where the model does.
         self.register_buffer("tap_buffer", torch.zeros(max_rows, hf.hidden_size, dtype=dtype), persistent=False)
+        device = self.tap_buffer.device
+        self.register_buffer("action_ids", torch.tensor(hf.gatehead_action_ids, dtype=torch.long, device=device),
+                             persistent=False)
+        self.head_order = [adapter.spec.labels.index(label) for label in LABELS]  # head row per canonical label
+        self.branch = GateBranch(list(layers[adapter.branch_layer:]), model.model.norm, adapter, dtype, device)
         tap_norm(layers[adapter.branch_layer].input_layernorm, self.tap_buffer,
                  perturbed=getattr(hf, "gatehead_tap", "copy") == "perturbed")
-        self.retained: dict[str, list[torch.Tensor]] = {}
-        self.failed: set[str] = set()
-        self.plan: list[GateRow] = []
+        self.rows = RowKeeper(tuple(hf.gatehead_suffix_ids), int(hf.gatehead_max_gate_tokens))
         self.results: dict[int, torch.Tensor] = {}
 
     def begin_step(self, rows: list[GateRow], live: set[str]) -> None:
-        """Take this step's gate rows; forget requests vLLM no longer holds (finished, aborted)."""
-        for req_id in [r for r in self.retained if r not in live]:
-            del self.retained[req_id]
-        self.failed &= live
-        for row in rows:
-            if row.done == 0:  # a (re)started prefill: preemption recomputes from scratch
-                self.retained[row.req_id] = []
-                self.failed.discard(row.req_id)
-            if (row.req_id not in self.retained or row.prompt_tail != self.suffix_ids
-                    or row.prompt_len > self.max_gate_tokens):
-                self.failed.add(row.req_id)  # rows missing (prefix-cache read) or not a gate prompt
-                self.retained.pop(row.req_id, None)
-        self.plan = rows
+        self.rows.begin_step(rows, live)
 
     def after_forward(self) -> None:
-        """Retain this step's tapped gate rows; run the branch for prompts now complete."""
-        plan, self.plan = self.plan, []
-        for row in plan:
-            if row.req_id not in self.failed:
-                self.retained[row.req_id].append(self.tap_buffer[row.start:row.end].clone())
-            if row.done + (row.end - row.start) < row.prompt_len:
-                continue
-            if row.req_id in self.failed:
-                self.results[row.batch_row] = torch.full((3,), float("nan"), device=self.tap_buffer.device)
-                continue
-            rows = torch.cat(self.retained.pop(row.req_id))
-            assert rows.shape[0] == row.prompt_len, (rows.shape, row)
-            self.results[row.batch_row] = self.branch(rows)[self.head_order]
+        """Keep this step's tapped gate rows; run the branch for prompts now complete."""
+        for batch_row, rows in self.rows.collect(self.tap_buffer):
+            if rows is None:
+                self.results[batch_row] = torch.full((3,), float("nan"), device=self.tap_buffer.device)
+            else:
+                self.results[batch_row] = self.branch(rows)[self.head_order]
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """Gate rows of `logits` -> the head's logits on the action tokens; other rows untouched."""
@@ -111,13 +140,29 @@ class GateState(nn.Module):
         return logits
 
     def memory_bytes(self) -> dict[str, int]:
-        """Itemised bytes the plugin allocates (retained rows: the bound, one maximal gate prompt)."""
+        """Itemised bytes the plugin allocates (retained rows: their bound, one maximal gate prompt)."""
         row_bytes = self.tap_buffer.shape[1] * self.tap_buffer.element_size()
         return {
             "lora_and_head": self.branch.memory_bytes(),
             "tap_buffer": self.tap_buffer.numel() * self.tap_buffer.element_size(),
-            "retained_rows_bound": self.max_gate_tokens * row_bytes,
+            "retained_rows_bound": self.rows.max_rows * row_bytes,
         }
+
+
+def _refuse_unsupported(vllm_config) -> None:
+    """Configurations the branch does not handle yet: refuse them with the fix, never run them wrong."""
+    parallel = vllm_config.parallel_config
+    problems = {
+        "pipeline parallelism": parallel.pipeline_parallel_size > 1,
+        "tensor parallelism": parallel.tensor_parallel_size > 1,
+        "speculative decoding": vllm_config.speculative_config is not None,
+        "micro-batching (dual batch overlap)": parallel.use_ubatching,
+        "vLLM's V2 model runner (set VLLM_USE_V2_MODEL_RUNNER=0)": getattr(vllm_config, "use_v2_model_runner", False),
+    }
+    refused = [name for name, present in problems.items() if present]
+    if refused:
+        raise ValueError(f"gatehead's shared engine does not support {', '.join(refused)} yet; "
+                         f"start the engine without it")
 
 
 class GatedQwen3ForCausalLM(Qwen3ForCausalLM):
@@ -126,11 +171,6 @@ class GatedQwen3ForCausalLM(Qwen3ForCausalLM):
     def __init__(self, *, vllm_config, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         self.gatehead = GateState(self, vllm_config)
-
-    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None, **kwargs):
-        hidden_states = super().forward(input_ids, positions, intermediate_tensors, inputs_embeds, **kwargs)
-        self.gatehead.after_forward()
-        return hidden_states
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         return self.gatehead.apply(super().compute_logits(hidden_states))

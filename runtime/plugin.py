@@ -32,9 +32,13 @@ def _wrap_model_forward() -> None:
 
     def _model_forward(self, *args, **kwargs):
         state = getattr(self.get_model(), "gatehead", None)
-        if state is not None:
-            state.begin_step(*plan_step(self, len(state.suffix_ids)))
-        return original(self, *args, **kwargs)
+        if state is None:
+            return original(self, *args, **kwargs)
+        state.begin_step(*plan_step(self, len(state.rows.suffix_ids)))
+        output = original(self, *args, **kwargs)
+        # Here, not in the model's forward: a full CUDA graph replays the forward without its Python.
+        state.after_forward()
+        return output
 
     _model_forward.gatehead_wrapped = True
     GPUModelRunner._model_forward = _model_forward

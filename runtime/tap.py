@@ -47,13 +47,13 @@ def _register() -> None:
 def tap_norm(norm: torch.nn.Module, buf: torch.Tensor, perturbed: bool = False) -> None:
     """Make `norm` (a vLLM RMSNorm called as `norm(hidden, residual)`) tap its residual output into `buf`."""
     _register()
-    forward = _forward_perturbed if perturbed else _forward
     key = (type(norm), perturbed)
     if key not in _CLASSES:
-        _CLASSES[key] = type(f"{'Perturbed' if perturbed else 'Tapped'}{type(norm).__name__}", (type(norm),),
-                             {"forward": forward})
+        name = f"{'Perturbed' if perturbed else 'Tapped'}{type(norm).__name__}"
+        op = torch.ops.gatehead.tap_perturbed if perturbed else torch.ops.gatehead.tap
+        _CLASSES[key] = type(name, (type(norm),), {"forward": _forward, "gatehead_op": staticmethod(op)})
     norm.__class__ = _CLASSES[key]
-    norm.gatehead_tap = buf
+    norm.register_buffer("gatehead_tap", buf, persistent=False)
 
 
 _CLASSES: dict[tuple[type, bool], type] = {}
@@ -63,13 +63,5 @@ def _forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
     if residual is None:  # the branch normalising the tapped rows: nothing to tap
         return super(type(self), self).forward(x)
     hidden, residual = super(type(self), self).forward(x, residual)
-    torch.ops.gatehead.tap(residual, self.gatehead_tap)
-    return hidden, residual
-
-
-def _forward_perturbed(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-    if residual is None:
-        return super(type(self), self).forward(x)
-    hidden, residual = super(type(self), self).forward(x, residual)
-    torch.ops.gatehead.tap_perturbed(residual, self.gatehead_tap)
+    self.gatehead_op(residual, self.gatehead_tap)
     return hidden, residual

@@ -191,3 +191,13 @@ def test_failed_save_leaves_nothing_behind(tiny: TinyModel, tiny_other: TinyMode
     with pytest.raises(AdapterError, match="wrong base model"):
         save_gate_adapter(reference.gate_model, reference.adapter.spec, out, tiny_other.model_dir)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_lora_on_modules_the_branch_does_not_run_is_rejected(copy_of, tiny: TinyModel) -> None:
+    adapter_dir = copy_of(edit_json("adapter_config.json", lambda d: d["modules_to_save"].append("norm")))
+    with pytest.raises(AdapterError, match=r"also has \['norm'\]"):
+        load_gate_adapter(adapter_dir, tiny.model_dir)
+    shutil.rmtree(adapter_dir)
+    adapter_dir = copy_of(edit_json("adapter_config.json", lambda d: d["target_modules"].append("lm_head")))
+    with pytest.raises(AdapterError, match=r"also has \['lm_head'\]"):
+        load_gate_adapter(adapter_dir, tiny.model_dir)

@@ -11,11 +11,21 @@ import pytest
 from gatehead.gate.adapter import AdapterError
 from gatehead.gate.policy import Thresholds
 from gatehead.gate.prompt import Passage
-from gatehead.runtime.engine import EngineConfig, GateError, SharedEngine
+from gatehead.runtime.engine import EngineConfig, SharedEngine
+from gatehead.runtime.plugin import GATE_FLAG
 from gatehead.runtime.reference import HFReference
 from gatehead.runtime.tiny import TinyModel
 
 DOCS = [Passage("The warranty covers defects for two years.", "Warranty", "kb/w.md", 0.9)]
+
+
+async def raw_request(engine: SharedEngine, prompt_ids, params):
+    """A request straight to vLLM, past SharedEngine's checks: what a buggy or hostile caller could send."""
+    final = None
+    async for final in engine.llm.generate({"prompt_token_ids": list(prompt_ids)}, params,  # noqa: B007
+                                           request_id=uuid.uuid4().hex):
+        pass
+    return final
 
 
 def test_gate_matches_the_hf_reference(shared_eager: SharedEngine, loop, tiny: TinyModel) -> None:
@@ -88,17 +98,14 @@ def test_worker_routes_on_metadata_and_suffix_together(shared_eager: SharedEngin
     prompt = shared_eager.prompts.build("How long is the warranty?", DOCS)
     ids = list(shared_eager.action_ids)
 
-    async def raw(prompt_ids, flagged: bool):
+    def raw(prompt_ids, flagged: bool):
         params = SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=ids, skip_reading_prefix_cache=True,
-                                detokenize=False, extra_args={"gatehead": "gate"} if flagged else None)
-        async for out in shared_eager.llm.generate({"prompt_token_ids": list(prompt_ids)}, params,
-                                                   request_id=uuid.uuid4().hex):
-            final = out
-        return final.outputs[0]
+                                detokenize=False, extra_args={GATE_FLAG: "gate"} if flagged else None)
+        return loop.run(raw_request(shared_eager, prompt_ids, params)).outputs[0]
 
-    flagged_without_suffix = loop.run(raw(prompt.answer, flagged=True))
+    flagged_without_suffix = raw(prompt.answer, flagged=True)
     assert all(math.isnan(lp.logprob) for t, lp in flagged_without_suffix.logprobs[0].items() if t in ids)
-    unflagged_with_suffix = loop.run(raw(prompt.gate, flagged=False))
+    unflagged_with_suffix = raw(prompt.gate, flagged=False)
     # Not a gate request: the row holds the LM's own logits, spread over the whole vocabulary.
     probs = [math.exp(unflagged_with_suffix.logprobs[0][t].logprob) for t in ids]
     assert sum(probs) < 0.5
@@ -112,18 +119,10 @@ def test_gate_error_when_rows_are_incomplete(shared_eager: SharedEngine, loop) -
     prompt = shared_eager.prompts.build("Is the laptop covered?", DOCS)
     loop.run(shared_eager.gate_prompt(prompt.gate))  # its blocks are now cached
     params = SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=list(shared_eager.action_ids),
-                            skip_reading_prefix_cache=False, detokenize=False, extra_args={"gatehead": "gate"})
-
-    async def raw():
-        async for out in shared_eager.llm.generate({"prompt_token_ids": list(prompt.gate)}, params,
-                                                   request_id=uuid.uuid4().hex):
-            final = out
-        return final
-
-    out = loop.run(raw())
+                            skip_reading_prefix_cache=False, detokenize=False, extra_args={GATE_FLAG: "gate"})
+    out = loop.run(raw_request(shared_eager, prompt.gate, params))
     assert out.num_cached_tokens > 0
     assert all(math.isnan(lp.logprob) for t, lp in out.outputs[0].logprobs[0].items() if t in shared_eager.action_ids)
-    assert not isinstance(GateError("x"), ValueError)
 
 
 def test_plugin_memory_is_itemised_and_kv_capacity_within_one_percent(

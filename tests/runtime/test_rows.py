@@ -1,0 +1,81 @@
+"""RowKeeper: gate rows kept across chunked-prefill steps, driven on CPU without an engine."""
+
+from __future__ import annotations
+
+import torch
+
+from gatehead.runtime.gated import GateRow, RowKeeper
+
+SUFFIX = (7,)
+HIDDEN = 4
+
+
+def step(keeper: RowKeeper, rows: list[GateRow], live: set[str] | None = None):
+    """Run one step: the tap buffer holds each token's global position in every column."""
+    total = max((r.end for r in rows), default=0)
+    buffer = torch.zeros(total, HIDDEN)
+    for r in rows:
+        buffer[r.start:r.end] = torch.arange(r.done, r.done + r.end - r.start, dtype=torch.float)[:, None]
+    keeper.begin_step(rows, live if live is not None else {r.req_id for r in rows} | set(keeper.kept))
+    return keeper.collect(buffer)
+
+
+def row(req: str, batch_row: int, start: int, n: int, done: int, prompt_len: int, tail=SUFFIX) -> GateRow:
+    return GateRow(req, batch_row, start, start + n, done, prompt_len, tail)
+
+
+def positions(rows: torch.Tensor) -> list[int]:
+    return rows[:, 0].int().tolist()
+
+
+def test_a_prompt_split_over_three_steps_comes_out_whole_and_in_order() -> None:
+    keeper = RowKeeper(SUFFIX, max_rows=100)
+    assert step(keeper, [row("a", 1, 5, 4, 0, 10)]) == []
+    assert step(keeper, [row("a", 0, 0, 4, 4, 10)]) == []
+    [(batch_row, rows)] = step(keeper, [row("a", 2, 3, 2, 8, 10)])
+    assert batch_row == 2 and positions(rows) == list(range(10))
+    assert keeper.kept == {} and keeper.rows_kept() == 0
+
+
+def test_two_gates_in_one_step_do_not_mix() -> None:
+    keeper = RowKeeper(SUFFIX, max_rows=100)
+    done = step(keeper, [row("a", 0, 0, 3, 0, 3), row("b", 3, 10, 5, 0, 5)])
+    assert [(b, positions(r)) for b, r in done] == [(0, [0, 1, 2]), (3, [0, 1, 2, 3, 4])]
+
+
+def test_preempted_prompt_restarts_from_its_first_token() -> None:
+    keeper = RowKeeper(SUFFIX, max_rows=100)
+    step(keeper, [row("a", 0, 0, 4, 0, 8)])
+    step(keeper, [], live=set())  # preempted: vLLM dropped it from the batch
+    assert keeper.kept == {}
+    assert step(keeper, [row("a", 0, 0, 4, 0, 8)]) == []  # recomputed from scratch
+    [(_, rows)] = step(keeper, [row("a", 0, 0, 4, 4, 8)])
+    assert positions(rows) == list(range(8))
+
+
+def test_rows_missing_from_a_prefix_hit_or_a_resume_fail_the_request() -> None:
+    keeper = RowKeeper(SUFFIX, max_rows=100)
+    assert step(keeper, [row("hit", 0, 0, 4, 32, 36)]) == [(0, None)]  # first seen at done=32
+    step(keeper, [row("b", 0, 0, 4, 0, 12)])
+    assert step(keeper, [row("b", 0, 0, 4, 8, 12)]) == [(0, None)]  # resumed after 8, only 4 kept
+
+
+def test_a_prompt_not_ending_with_the_suffix_fails() -> None:
+    keeper = RowKeeper(SUFFIX, max_rows=100)
+    assert step(keeper, [row("a", 0, 0, 3, 0, 3, tail=(9,))]) == [(0, None)]
+
+
+def test_aborted_requests_free_their_rows() -> None:
+    keeper = RowKeeper(SUFFIX, max_rows=100)
+    step(keeper, [row("a", 0, 0, 6, 0, 20)])
+    assert keeper.rows_kept() == 6
+    step(keeper, [row("b", 0, 0, 2, 0, 2)], live={"b"})
+    assert keeper.rows_kept() == 0
+
+
+def test_rows_beyond_the_bound_fail_instead_of_growing() -> None:
+    keeper = RowKeeper(SUFFIX, max_rows=8)
+    assert step(keeper, [row("long", 0, 0, 4, 0, 9)]) == [] and keeper.kept == {}
+    step(keeper, [row("a", 0, 0, 6, 0, 8)])
+    assert step(keeper, [row("b", 1, 6, 4, 0, 8)], live={"a", "b"}) == []
+    assert "b" in keeper.failed and keeper.rows_kept() == 6
