@@ -102,13 +102,13 @@ class GateBranch(nn.Module):
         q, k = attn.rotary_emb(positions, q, k)
         if last_only:
             q = q[-1:]
-        groups = attn.num_heads // attn.num_kv_heads
         q = q.reshape(q.shape[0], attn.num_heads, head_dim).transpose(0, 1)  # [H, Lq, D]
-        k = k.reshape(n, attn.num_kv_heads, head_dim).transpose(0, 1).repeat_interleave(groups, 0)  # [H, L, D]
-        v = v.reshape(n, attn.num_kv_heads, head_dim).transpose(0, 1).repeat_interleave(groups, 0)
+        k = k.reshape(n, attn.num_kv_heads, head_dim).transpose(0, 1)  # [Hkv, L, D]
+        v = v.reshape(n, attn.num_kv_heads, head_dim).transpose(0, 1)
         # Causal over the request's own rows; the last-only query attends every key, so no mask.
+        # enable_gqa shares each K/V head across its query heads without copying them.
         out = F.scaled_dot_product_attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
-                                             is_causal=not last_only, scale=attn.scaling)
+                                             is_causal=not last_only, scale=attn.scaling, enable_gqa=True)
         out = out[0].transpose(0, 1).reshape(q.shape[1], attn.q_size)  # [Lq, H*D]
         o, _ = attn.o_proj(out)
         delta = self._lora(index, "o_proj", out)

@@ -73,7 +73,7 @@ class GateOutcome:
 
 
 class SharedEngine:
-    """The in-process engine API: `generate`, `stream`, `gate`, `gate_many`, `gate_prompt`."""
+    """The in-process engine API: `generate`, `generate_many`, `stream`, `gate`, `gate_many`, `gate_prompt`."""
 
     def __init__(self, config: EngineConfig) -> None:
         """Start the engine (engine core and worker processes; tens of seconds on CPU)."""
@@ -136,12 +136,18 @@ class SharedEngine:
 
     # ----- generation -------------------------------------------------------------------------
 
-    def _check_generation_prompt(self, prompt: str | Sequence[int]) -> list[int]:
-        ids = self.tokenizer.encode(prompt, add_special_tokens=False) if isinstance(prompt, str) else list(prompt)
+    def _token_ids(self, prompt: Sequence[int]) -> list[int]:
+        ids = list(prompt)
         if not ids:
             raise ValueError("the prompt is empty")
-        if any(not isinstance(t, int) or t < 0 for t in ids):
-            raise ValueError("prompt token ids must be non-negative integers")
+        if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < len(self.tokenizer) for t in ids):
+            raise ValueError(f"prompt token ids must be integers in [0, {len(self.tokenizer)})")
+        return ids
+
+    def _check_generation_prompt(self, prompt: str | Sequence[int]) -> list[int]:
+        """Token ids of a generation prompt: text is tokenized with special tokens parsed (trusted markup)."""
+        ids = self._token_ids(self.tokenizer.encode(prompt, add_special_tokens=False) if isinstance(prompt, str)
+                              else prompt)
         if self.gate_reserved & set(ids):
             raise ValueError("the prompt contains the gate's reserved tokens (its suffix or action tokens); "
                              "generation prompts may not, use gate() for gate decisions")
@@ -180,6 +186,12 @@ class SharedEngine:
         return await _last(self.stream(prompt, max_tokens=max_tokens, temperature=temperature,
                                        ignore_eos=ignore_eos, seed=seed))
 
+    async def generate_many(self, prompts: Sequence[str | Sequence[int]], *, max_tokens: int = 256,
+                            temperature: float = 0.0, ignore_eos: bool = False) -> list[Generation]:
+        """Generate several prompts concurrently, in the same batches; results in prompt order."""
+        return list(await asyncio.gather(*(self.generate(p, max_tokens=max_tokens, temperature=temperature,
+                                                         ignore_eos=ignore_eos) for p in prompts)))
+
     # ----- gate ---------------------------------------------------------------------------------
 
     def _require_gate(self) -> GateAdapter:
@@ -192,7 +204,7 @@ class SharedEngine:
         from vllm import SamplingParams
 
         adapter = self._require_gate()
-        ids = list(prompt_ids)
+        ids = self._token_ids(prompt_ids)
         n = len(self.suffix_ids)
         if tuple(ids[-n:]) != self.suffix_ids:
             raise ValueError("a gate prompt must end with the adapter's invocation suffix; build it with "

@@ -11,6 +11,8 @@ without a gate it calls the original method and does nothing else.
 
 from __future__ import annotations
 
+from typing import Any
+
 GATED_ARCHITECTURES = {"Qwen3ForCausalLM": "GatedQwen3ForCausalLM"}
 GATE_FLAG = "gatehead"  # SamplingParams.extra_args[GATE_FLAG] == "gate" marks a gate request
 
@@ -52,8 +54,8 @@ class WorkerExtension:
         return self.model_runner.get_model().gatehead.memory_bytes()
 
 
-def plan_step(runner, suffix_len: int):
-    """This step's gate rows and the ids of the requests the runner holds."""
+def plan_step(runner: Any, suffix_len: int) -> tuple[list[Any], set[str]]:
+    """This step's gate rows (`GateRow`s) and the ids of the requests the V1 model runner holds."""
     from gatehead.runtime.gated import GateRow
 
     batch = runner.input_batch

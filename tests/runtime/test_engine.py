@@ -187,7 +187,18 @@ def test_gate_many_runs_concurrently_with_generation(shared_eager: SharedEngine,
 
     many, generation = loop.run(both())
     single = [loop.run(shared_eager.gate(q, d)) for q, d in items]
+    batch = loop.run(shared_eager.generate_many([m.prompt.answer for m in many], max_tokens=6, ignore_eos=True))
+    alone = [loop.run(shared_eager.generate(m.prompt.answer, max_tokens=6, ignore_eos=True)) for m in many]
+    assert [b.token_ids for b in batch] == [a.token_ids for a in alone]
     assert [m.result.decision for m in many] == [s.result.decision for s in single]
     for m, s in zip(many, single, strict=True):
         assert max(abs(m.result.probs[k] - s.result.probs[k]) for k in m.result.probs) < 1e-3
     assert len(generation.token_ids) == 8
+
+
+def test_out_of_range_token_ids_are_rejected(shared_eager: SharedEngine, loop) -> None:
+    prompt = shared_eager.prompts.build("How long is the warranty?", DOCS)
+    with pytest.raises(ValueError, match=r"integers in \[0, "):
+        loop.run(shared_eager.gate_prompt([-1, *prompt.gate]))
+    with pytest.raises(ValueError, match=r"integers in \[0, "):
+        loop.run(shared_eager.generate([10**9, 5], max_tokens=2))
