@@ -1,0 +1,141 @@
+"""Calibration: a temperature folded into the head, then thresholds chosen for a precision target.
+
+1. Temperature scaling: the T minimising the validation NLL of softmax(logits / T); the head's
+   weights are divided by T, so every engine serving the adapter gets calibrated probabilities.
+2. Thresholds: `t_answer` is the lowest threshold whose answer-precision on the validation set meets
+   the target (answer as often as that precision allows); `t_refuse` then maximises macro-F1 of the
+   decisions the policy makes. Both are written into `gate.json`.
+The adapter is rewritten in a temporary copy, validated, and only then swapped in.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from gatehead.gate.adapter import ADAPTER_WEIGHTS, GATE_JSON, load_gate_adapter
+from gatehead.gate.data import Example, gate_prompts
+from gatehead.gate.metrics import ClassMetrics, classification_metrics, expected_calibration_error
+from gatehead.gate.policy import LABELS, Thresholds, decide
+from gatehead.gate.prompt import PromptBuilder, PromptConfig
+
+
+@dataclass(frozen=True)
+class CalibrationReport:
+    temperature: float
+    thresholds_before: Thresholds
+    thresholds_after: Thresholds
+    before: ClassMetrics
+    after: ClassMetrics
+    ece_before: float
+    ece_after: float
+    target_met: bool  # whether some threshold reaches the answer-precision target
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    z = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return z / z.sum(axis=1, keepdims=True)
+
+
+def fit_temperature(logits: np.ndarray, labels: Sequence[int]) -> float:
+    """The temperature in [0.05, 20] minimising the NLL (golden-section search in log T)."""
+    y = np.asarray(labels)
+
+    def nll(log_t: float) -> float:
+        p = softmax(logits / np.exp(log_t))
+        return float(-np.log(np.clip(p[np.arange(len(y)), y], 1e-12, None)).mean())
+
+    lo, hi = np.log(0.05), np.log(20.0)
+    ratio = (np.sqrt(5) - 1) / 2
+    for _ in range(80):
+        a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+        if nll(a) < nll(b):
+            hi = b
+        else:
+            lo = a
+    return float(np.exp((lo + hi) / 2))
+
+
+def decisions(probs: np.ndarray, thresholds: Thresholds) -> list[int]:
+    return [LABELS.index(decide(dict(zip(LABELS, row, strict=True)), thresholds)) for row in probs.tolist()]
+
+
+def choose_thresholds(probs: np.ndarray, labels: Sequence[int], answer_precision: float) -> tuple[Thresholds, bool]:
+    """(thresholds, whether the answer-precision target was reachable); see the module docstring."""
+    y = np.asarray(labels)
+    t_answer, met = 1.0, False
+    for t in sorted(set(probs[:, 0].tolist())):
+        chosen = probs[:, 0] >= t
+        if chosen.any() and (y[chosen] == 0).mean() >= answer_precision:
+            t_answer, met = float(t), True
+            break
+    best = (-1.0, 0.5)
+    for t in sorted({0.0, 1.0, *probs[:, 1].tolist()}):
+        thresholds = Thresholds(answer=t_answer, refuse=float(t))
+        macro_f1 = float(np.mean(list(classification_metrics(y.tolist(), decisions(probs, thresholds)).f1.values())))
+        if macro_f1 > best[0]:
+            best = (macro_f1, float(t))
+    return Thresholds(answer=t_answer, refuse=best[1]), met
+
+
+def calibrate(model_dir: str | Path, adapter_dir: str | Path, val: Sequence[Example],
+              answer_precision: float = 0.95, max_context: int | None = None) -> CalibrationReport:
+    """Calibrate the adapter in place on `val` (see the module docstring) and report before/after."""
+    from safetensors.torch import load_file, save_file
+
+    from gatehead.runtime.reference import HFReference
+
+    if not 0.0 < answer_precision <= 1.0:
+        raise ValueError(f"answer_precision must be in (0, 1], got {answer_precision}")
+    adapter_dir = Path(adapter_dir)
+    reference = HFReference(model_dir, adapter_dir, dtype="float32")
+    adapter = reference.adapter
+    assert adapter is not None
+    window = max_context or min(int(reference.gate_model.config.max_position_embeddings), 4096)
+    builder = PromptBuilder(reference.tokenizer, adapter.spec.suffix, PromptConfig(max_context=window, answer_tokens=1))
+    prompts = gate_prompts(val, builder)
+    labels = [LABELS.index(e.label) for e in val]
+    order = [adapter.spec.labels.index(label) for label in LABELS]
+    logits = reference.gate_logits(prompts).astype(np.float64)[:, order]
+    temperature = fit_temperature(logits, labels)
+    before_probs, after_probs = softmax(logits), softmax(logits / temperature)
+    thresholds, met = choose_thresholds(after_probs, labels, answer_precision)
+    report = CalibrationReport(
+        temperature=temperature,
+        thresholds_before=adapter.spec.thresholds,
+        thresholds_after=thresholds,
+        before=classification_metrics(labels, decisions(before_probs, adapter.spec.thresholds)),
+        after=classification_metrics(labels, decisions(after_probs, thresholds)),
+        ece_before=expected_calibration_error(labels, before_probs),
+        ece_after=expected_calibration_error(labels, after_probs),
+        target_met=met,
+    )
+    tmp = Path(tempfile.mkdtemp(prefix=f".{adapter_dir.name}.", dir=adapter_dir.parent))
+    try:
+        shutil.copytree(adapter_dir, tmp, dirs_exist_ok=True)
+        tensors = load_file(tmp / ADAPTER_WEIGHTS)
+        head = next(k for k in tensors if k.endswith("score.weight"))
+        tensors[head] = (tensors[head].double() / temperature).to(tensors[head].dtype)
+        save_file(tensors, tmp / ADAPTER_WEIGHTS, metadata={"format": "pt"})
+        spec = json.loads((tmp / GATE_JSON).read_text())
+        spec["thresholds"] = thresholds.to_dict()
+        (tmp / GATE_JSON).write_text(json.dumps(spec, indent=2) + "\n")
+        (tmp / "calibration.json").write_text(json.dumps(report.to_dict(), indent=2) + "\n")
+        load_gate_adapter(tmp, model_dir)
+        backup = adapter_dir.with_name(f".{adapter_dir.name}.old")
+        adapter_dir.rename(backup)
+        tmp.rename(adapter_dir)
+        shutil.rmtree(backup)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return report
