@@ -268,7 +268,13 @@ class SharedEngine:
         return (await self.llm.collective_rpc("gatehead_memory"))[0]
 
     def shutdown(self) -> None:
+        """Stop the engine's processes. The engine object is unusable afterwards."""
         self.llm.shutdown()
+        # Drop AsyncLLM now: its __del__ shuts down again, which fails at interpreter exit.
+        import gc
+
+        del self.llm
+        gc.collect()
 
 
 async def _last(stream: AsyncIterator[Any]) -> Any:

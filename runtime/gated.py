@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from vllm.model_executor.models.llama import LlamaForCausalLM
+from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
 from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
 
 from gatehead.gate.adapter import load_gate_adapter
@@ -165,8 +167,8 @@ def _refuse_unsupported(vllm_config) -> None:
                          f"start the engine without it")
 
 
-class GatedQwen3ForCausalLM(Qwen3ForCausalLM):
-    """Qwen3 causal LM that also answers gate requests from the same weights."""
+class GateMixin:
+    """Makes a vLLM causal LM answer gate requests too: `GateState` attached, gate rows in its logits."""
 
     def __init__(self, *, vllm_config, prefix: str = "") -> None:
         super().__init__(vllm_config=vllm_config, prefix=prefix)
@@ -174,3 +176,15 @@ class GatedQwen3ForCausalLM(Qwen3ForCausalLM):
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         return self.gatehead.apply(super().compute_logits(hidden_states))
+
+
+class GatedQwen3ForCausalLM(GateMixin, Qwen3ForCausalLM):
+    """Qwen3 causal LM that also answers gate requests from the same weights."""
+
+
+class GatedQwen2ForCausalLM(GateMixin, Qwen2ForCausalLM):
+    """Qwen2 causal LM that also answers gate requests from the same weights."""
+
+
+class GatedLlamaForCausalLM(GateMixin, LlamaForCausalLM):
+    """Llama causal LM that also answers gate requests from the same weights."""

@@ -13,7 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
-GATED_ARCHITECTURES = {"Qwen3ForCausalLM": "GatedQwen3ForCausalLM"}
+GATED_ARCHITECTURES = {
+    "Qwen3ForCausalLM": "GatedQwen3ForCausalLM",
+    "Qwen2ForCausalLM": "GatedQwen2ForCausalLM",
+    "LlamaForCausalLM": "GatedLlamaForCausalLM",
+}
 GATE_FLAG = "gatehead"  # SamplingParams.extra_args[GATE_FLAG] == "gate" marks a gate request
 
 
