@@ -94,6 +94,7 @@ class SharedEngine:
         if config.adapter is not None:
             self.adapter = load_gate_adapter(config.adapter, model_dir)
             arch = self.adapter.spec.base.architecture
+            _refuse_unsupported(config.extra)
             if arch not in GATED_ARCHITECTURES:
                 raise ValueError(f"gatehead's shared engine supports {sorted(GATED_ARCHITECTURES)}, not {arch}")
             self.suffix_ids = tuple(self.tokenizer.encode(self.adapter.spec.suffix, add_special_tokens=False))
@@ -261,6 +262,15 @@ class SharedEngine:
     def kv_tokens(self) -> int:
         return self.kv_blocks * int(self.llm.vllm_config.cache_config.block_size)
 
+    @property
+    def alive(self) -> bool:
+        """False once vLLM's engine core has died; every waiting and later call then raises EngineDeadError."""
+        return not self.llm.errored
+
+    def engine_pids(self) -> list[int]:
+        """PIDs of vLLM's engine-core processes (for process supervision)."""
+        return [p.pid for p in self.llm.engine_core.resources.engine_manager.processes]
+
     async def plugin_memory(self) -> dict[str, int]:
         """Itemised bytes gatehead's plugin allocated in the (first) worker; {} for a stock engine."""
         if self.adapter is None:
@@ -275,6 +285,21 @@ class SharedEngine:
 
         del self.llm
         gc.collect()
+
+
+def _refuse_unsupported(extra: dict[str, Any]) -> None:
+    """Engine arguments the gate branch does not support yet: a clear error before any process starts."""
+    refused = {
+        "speculative decoding (speculative_config)": extra.get("speculative_config"),
+        "tensor parallelism (tensor_parallel_size > 1)": extra.get("tensor_parallel_size", 1) > 1,
+        "pipeline parallelism (pipeline_parallel_size > 1)": extra.get("pipeline_parallel_size", 1) > 1,
+        "vLLM LoRA adapters alongside the gate (enable_lora)": extra.get("enable_lora"),
+        "quantised base weights (quantization)": extra.get("quantization"),
+    }
+    names = [name for name, present in refused.items() if present]
+    if names:
+        raise ValueError(f"gatehead's shared engine does not support {', '.join(names)} yet; "
+                         f"start it without, or serve the gate from a dedicated engine")
 
 
 async def _last(stream: AsyncIterator[Any]) -> Any:
