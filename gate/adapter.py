@@ -17,6 +17,8 @@ import json
 import re
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -197,20 +199,33 @@ def save_gate_adapter(model: Any, spec: GateSpec, out_dir: str | Path, base_dir:
 
     Nothing is left at `out_dir` if validation fails.
     """
+    with replace_dir(out_dir) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        (tmp / GATE_JSON).write_text(json.dumps(spec.to_dict(), indent=2) + "\n")
+        load_gate_adapter(tmp, base_dir)
+    return load_gate_adapter(out_dir, base_dir)
+
+
+@contextmanager
+def replace_dir(out_dir: str | Path, start_from: str | Path | None = None) -> Iterator[Path]:
+    """A temporary directory (a copy of `start_from` if given) that replaces `out_dir` only if the block succeeds."""
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        (tmp / GATE_JSON).write_text(json.dumps(spec.to_dict(), indent=2) + "\n")
-        load_gate_adapter(tmp, base_dir)
+        if start_from is not None:
+            shutil.copytree(start_from, tmp, dirs_exist_ok=True)
+        yield tmp
         if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
+            old = out_dir.with_name(f".{out_dir.name}.old")
+            out_dir.rename(old)
+            tmp.rename(out_dir)
+            shutil.rmtree(old)
+        else:
+            tmp.rename(out_dir)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
-    return load_gate_adapter(out_dir, base_dir)
 
 
 def _check_base(spec: GateSpec, actual: BaseIdentity, base_dir: Path) -> None:

@@ -11,15 +11,13 @@ The adapter is rewritten in a temporary copy, validated, and only then swapped i
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
-from gatehead.gate.adapter import ADAPTER_WEIGHTS, GATE_JSON, load_gate_adapter
+from gatehead.gate.adapter import ADAPTER_WEIGHTS, GATE_JSON, load_gate_adapter, replace_dir
 from gatehead.gate.data import Example, gate_prompts
 from gatehead.gate.metrics import ClassMetrics, classification_metrics, expected_calibration_error
 from gatehead.gate.policy import LABELS, Thresholds, decide
@@ -119,9 +117,7 @@ def calibrate(model_dir: str | Path, adapter_dir: str | Path, val: Sequence[Exam
         ece_after=expected_calibration_error(labels, after_probs),
         target_met=met,
     )
-    tmp = Path(tempfile.mkdtemp(prefix=f".{adapter_dir.name}.", dir=adapter_dir.parent))
-    try:
-        shutil.copytree(adapter_dir, tmp, dirs_exist_ok=True)
+    with replace_dir(adapter_dir, start_from=adapter_dir) as tmp:
         tensors = load_file(tmp / ADAPTER_WEIGHTS)
         head = next(k for k in tensors if k.endswith("score.weight"))
         tensors[head] = (tensors[head].double() / temperature).to(tensors[head].dtype)
@@ -131,11 +127,4 @@ def calibrate(model_dir: str | Path, adapter_dir: str | Path, val: Sequence[Exam
         (tmp / GATE_JSON).write_text(json.dumps(spec, indent=2) + "\n")
         (tmp / "calibration.json").write_text(json.dumps(report.to_dict(), indent=2) + "\n")
         load_gate_adapter(tmp, model_dir)
-        backup = adapter_dir.with_name(f".{adapter_dir.name}.old")
-        adapter_dir.rename(backup)
-        tmp.rename(adapter_dir)
-        shutil.rmtree(backup)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
     return report

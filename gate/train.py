@@ -66,8 +66,9 @@ def train_gate(model_dir: str | Path, train: Sequence[Example], val: Sequence[Ex
     import torch
     from peft import get_peft_model
     from tqdm import tqdm
-    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
-    from transformers.utils import logging as hf_logging
+    from transformers import AutoConfig, AutoTokenizer
+
+    from gatehead.runtime.reference import load_classifier
 
     model_dir = Path(model_dir)
     device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -83,14 +84,7 @@ def train_gate(model_dir: str | Path, train: Sequence[Example], val: Sequence[Ex
     train_y = [LABELS.index(e.label) for e in train]
     val_y = [LABELS.index(e.label) for e in val]
 
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # the head is new by design
-    try:
-        base = AutoModelForSequenceClassification.from_pretrained(
-            model_dir, num_labels=len(LABELS), id2label=dict(enumerate(LABELS)),
-            label2id={label: i for i, label in enumerate(LABELS)}, dtype=torch.float32)
-    finally:
-        hf_logging.set_verbosity(verbosity)
+    base = load_classifier(model_dir)
     base.config.pad_token_id = tokenizer.pad_token_id
     model = get_peft_model(base, lora_config(int(hf_config.num_hidden_layers), config.k, config.rank, config.alpha))
     model.to(device)

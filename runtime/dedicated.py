@@ -9,12 +9,10 @@ This module writes checkpoints; it does not start engines.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from pathlib import Path
 
-from gatehead.gate.adapter import load_gate_adapter
-from gatehead.gate.policy import LABELS
+from gatehead.gate.adapter import load_gate_adapter, replace_dir
+from gatehead.runtime.reference import load_classifier
 
 CLASSIFIER_ARCHITECTURES = {
     "Qwen3ForCausalLM": "Qwen3ForSequenceClassification",
@@ -28,8 +26,7 @@ def export_dedicated(model_dir: str | Path, adapter_dir: str | Path, out_dir: st
     """Write the merged gate classifier to `out_dir` (replaced only once complete)."""
     import torch
     from peft import PeftModel
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-    from transformers.utils import logging as hf_logging
+    from transformers import AutoTokenizer
 
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     adapter = load_gate_adapter(adapter_dir, model_dir)
@@ -39,20 +36,10 @@ def export_dedicated(model_dir: str | Path, adapter_dir: str | Path, out_dir: st
     if dtype not in ("bfloat16", "float32"):
         raise ValueError(f"dtype must be 'bfloat16' or 'float32', got {dtype!r}")
     labels = adapter.spec.labels
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # the base has no head; the adapter brings it
-    try:
-        base = AutoModelForSequenceClassification.from_pretrained(
-            model_dir, num_labels=len(LABELS), id2label=dict(enumerate(labels)),
-            label2id={label: i for i, label in enumerate(labels)}, dtype=torch.float32)
-    finally:
-        hf_logging.set_verbosity(verbosity)
-    merged = PeftModel.from_pretrained(base, adapter.path).merge_and_unload()
+    merged = PeftModel.from_pretrained(load_classifier(model_dir, labels), adapter.path).merge_and_unload()
     merged.config.architectures = [CLASSIFIER_ARCHITECTURES[adapter.spec.base.architecture]]
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+    with replace_dir(out_dir) as tmp:
         merged.to(getattr(torch, dtype))
         merged.score.to(torch.float32)  # the adapter's head is fp32, and vLLM's pooling head runs in fp32
         merged.save_pretrained(tmp, safe_serialization=True, max_shard_size=max_shard_size)
@@ -60,10 +47,4 @@ def export_dedicated(model_dir: str | Path, adapter_dir: str | Path, out_dir: st
         (tmp / "gatehead_dedicated.json").write_text(json.dumps(
             {"base_fingerprint": adapter.spec.base.fingerprint, "adapter": str(adapter.path),
              "labels": list(labels), "thresholds": adapter.spec.thresholds.to_dict()}, indent=2) + "\n")
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.rename(out_dir)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
     return out_dir

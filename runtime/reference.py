@@ -21,6 +21,22 @@ from gatehead.gate.prompt import Passage, PromptBuilder, PromptConfig, Turn
 Dtype = Literal["float32", "bfloat16"]
 
 
+def load_classifier(model_dir: str | Path, labels: Sequence[str] = LABELS, dtype: Dtype = "float32"):
+    """The base checkpoint as an HF `*ForSequenceClassification` with a fresh 3-way head (to be replaced)."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # "newly initialised head": by design, an adapter or training brings it
+    try:
+        return AutoModelForSequenceClassification.from_pretrained(
+            model_dir, num_labels=len(labels), id2label=dict(enumerate(labels)),
+            label2id={label: i for i, label in enumerate(labels)}, dtype=getattr(torch, dtype))
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
 class HFReference:
     """A base model and (optionally) its gate adapter, loaded lazily through transformers."""
 
@@ -69,16 +85,8 @@ class HFReference:
         self._require_adapter()
         if self._gate is None:
             from peft import PeftModel
-            from transformers import AutoModelForSequenceClassification
-            from transformers.utils import logging as hf_logging
 
-            verbosity = hf_logging.get_verbosity()
-            hf_logging.set_verbosity_error()  # the base checkpoint has no head; the adapter brings it
-            try:
-                base = AutoModelForSequenceClassification.from_pretrained(
-                    self.model_dir, num_labels=len(LABELS), dtype=self._torch_dtype())
-            finally:
-                hf_logging.set_verbosity(verbosity)
+            base = load_classifier(self.model_dir, self.adapter.spec.labels, self.dtype)
             model = PeftModel.from_pretrained(base, self.adapter.path)
             self._gate = model.to(device=self.device, dtype=self._torch_dtype()).eval()
         return self._gate

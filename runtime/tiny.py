@@ -23,7 +23,6 @@ from gatehead.gate.adapter import (
     lora_config,
     save_gate_adapter,
 )
-from gatehead.gate.policy import LABELS
 
 ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
 RESERVED_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", DEFAULT_SUFFIX, *DEFAULT_ACTION_TOKENS)
@@ -148,8 +147,9 @@ def build_tiny(out_dir: str | Path, spec: TinySpec = TinySpec()) -> TinyModel:
     """Build the tiny model and its random gate adapter under `out_dir` (see the module docstring)."""
     import torch
     from peft import get_peft_model
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
-    from transformers.utils import logging as hf_logging
+    from transformers import AutoModelForCausalLM
+
+    from gatehead.runtime.reference import load_classifier
 
     out_dir = Path(out_dir)
     model_dir, adapter_dir = out_dir / "model", out_dir / "adapter"
@@ -161,16 +161,8 @@ def build_tiny(out_dir: str | Path, spec: TinySpec = TinySpec()) -> TinyModel:
     base = AutoModelForCausalLM.from_config(_config(spec, vocab_size, tokenizer), dtype=torch.float32)
     base.to(torch.bfloat16).save_pretrained(model_dir, safe_serialization=True)
 
-    verbosity = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()  # the head is "newly initialised" by design; it is set below
-    try:
-        classifier = AutoModelForSequenceClassification.from_pretrained(
-            model_dir, num_labels=len(LABELS), id2label=dict(enumerate(LABELS)),
-            label2id={label: i for i, label in enumerate(LABELS)}, dtype=torch.float32,
-        )
-    finally:
-        hf_logging.set_verbosity(verbosity)
-    model = get_peft_model(classifier, lora_config(spec.num_layers, spec.k, spec.lora_rank, spec.lora_alpha))
+    lora = lora_config(spec.num_layers, spec.k, spec.lora_rank, spec.lora_alpha)
+    model = get_peft_model(load_classifier(model_dir), lora)
     generator = torch.Generator().manual_seed(spec.seed + 1)
     with torch.no_grad():
         for name, param in model.named_parameters():

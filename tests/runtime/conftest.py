@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
 
+import numpy as np
 import pytest
 
+from gatehead.evals.agreement import Agreement, agreement
 from gatehead.runtime.engine import EngineConfig, SharedEngine
+from gatehead.runtime.reference import HFReference
 from gatehead.runtime.tiny import TinyModel
 
 T = TypeVar("T")
@@ -65,6 +68,19 @@ def engines(tiny: TinyModel) -> Iterator[Callable[..., SharedEngine]]:
     yield start
     for engine in made:
         engine.shutdown()
+
+
+def against_fp32(probs: np.ndarray, tiny: TinyModel, gates: Sequence[Sequence[int]]) -> tuple[Agreement, Agreement]:
+    """(engine vs HF fp32, HF bf16 vs HF fp32) on the same gate prompts: the engine's distance and bf16's own."""
+    fp32 = HFReference(tiny.model_dir, tiny.adapter_dir).gate_probs(gates)
+    bf16 = HFReference(tiny.model_dir, tiny.adapter_dir, "bfloat16").gate_probs(gates)
+    thresholds = tiny.adapter.spec.thresholds
+    return agreement(probs, fp32, thresholds), agreement(bf16, fp32, thresholds)
+
+
+@pytest.fixture(scope="session")
+def fp32_judge() -> Callable[..., tuple[Agreement, Agreement]]:
+    return against_fp32
 
 
 @pytest.fixture(scope="session")

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from gatehead.evals.agreement import agreement, shared_gate_probs
+from gatehead.evals.agreement import shared_gate_probs
 from gatehead.evals.stability import check_stability
 from gatehead.evals.workload import synthetic_requests
 from gatehead.runtime.engine import EngineConfig, SharedEngine
-from gatehead.runtime.reference import HFReference
 from gatehead.runtime.tiny import TinySpec, build_tiny
 
 
@@ -25,18 +24,14 @@ def arch_engines(request, tmp_path_factory):
     shared.shutdown()
 
 
-def test_stability_and_agreement(arch_engines, loop) -> None:
+def test_stability_and_agreement(arch_engines, loop, fp32_judge) -> None:
     arch, tiny, stock, shared = arch_engines
     built = [shared.prompts.build(r.question, r.passages, r.conversation) for r in synthetic_requests(64, seed=1)]
     stability = loop.run(check_stability(stock, shared, [b.answer for b in built], 128, [b.gate for b in built]))
     print(f"{arch} mixed stability: {stability}")
     assert stability.passed, stability
     gates = [shared.prompts.build(r.question, r.passages, r.conversation).gate for r in synthetic_requests(256, 3)]
-    got = loop.run(shared_gate_probs(shared, gates))
-    fp32 = HFReference(tiny.model_dir, tiny.adapter_dir).gate_probs(gates)
-    bf16 = HFReference(tiny.model_dir, tiny.adapter_dir, "bfloat16").gate_probs(gates)
-    thresholds = tiny.adapter.spec.thresholds
-    engine, floor = agreement(got, fp32, thresholds), agreement(bf16, fp32, thresholds)
+    engine, floor = fp32_judge(loop.run(shared_gate_probs(shared, gates)), tiny, gates)
     print(f"{arch} shared vs HF fp32: {engine}\n{arch} HF bf16 vs HF fp32: {floor}")
     # A random adapter is judged on |dp| (DESIGN): the engine's bf16 gate is no further from fp32 than HF's
     # own bf16 gate. Flip counts are printed; at a handful per 256 they are noise for random weights.

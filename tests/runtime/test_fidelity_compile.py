@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gatehead.evals.agreement import agreement, shared_gate_probs
+from gatehead.evals.agreement import shared_gate_probs
 from gatehead.evals.stability import check_stability
 from gatehead.evals.workload import synthetic_requests
-from gatehead.runtime.reference import HFReference
 from gatehead.runtime.tiny import TinyModel
 
 
@@ -26,13 +25,9 @@ def test_stability_compiled(compiled, loop, mixed: bool) -> None:
     assert result.passed, result
 
 
-def test_compiled_gate_agrees_with_fp32_as_well_as_hf_bf16_does(compiled, loop, tiny: TinyModel) -> None:
+def test_compiled_gate_agrees_with_fp32_as_well_as_hf_bf16_does(compiled, loop, tiny: TinyModel, fp32_judge) -> None:
     _, shared = compiled
     gates = [shared.prompts.build(r.question, r.passages, r.conversation).gate for r in synthetic_requests(128, 7)]
-    got = loop.run(shared_gate_probs(shared, gates))
-    fp32 = HFReference(tiny.model_dir, tiny.adapter_dir).gate_probs(gates)
-    bf16 = HFReference(tiny.model_dir, tiny.adapter_dir, "bfloat16").gate_probs(gates)
-    thresholds = tiny.adapter.spec.thresholds
-    engine, floor = agreement(got, fp32, thresholds), agreement(bf16, fp32, thresholds)
+    engine, floor = fp32_judge(loop.run(shared_gate_probs(shared, gates)), tiny, gates)
     print(f"compiled shared vs HF fp32: {engine}\nHF bf16 vs HF fp32: {floor}")
     assert engine.flips <= floor.flips and engine.max_dp <= floor.max_dp
