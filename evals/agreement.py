@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gatehead.gate.policy import LABELS, Thresholds, decide
+from gatehead.gate.policy import LABELS, Thresholds, decide_all
 from gatehead.runtime.engine import SharedEngine
 
 
@@ -32,14 +32,10 @@ class Agreement:
     mix_b: dict[str, int]
 
 
-def decisions(probs: np.ndarray, thresholds: Thresholds) -> list[str]:
-    return [decide(dict(zip(LABELS, row, strict=True)), thresholds) for row in probs.tolist()]
-
-
 def agreement(a: np.ndarray, b: np.ndarray, thresholds: Thresholds) -> Agreement:
     """Compare probability arrays [n, 3] (canonical label order)."""
     assert a.shape == b.shape and a.shape[1] == len(LABELS)
-    da, db = decisions(a, thresholds), decisions(b, thresholds)
+    da, db = decide_all(a.tolist(), thresholds), decide_all(b.tolist(), thresholds)
     dp = np.abs(a - b).max(axis=1) if len(a) else np.zeros(0)
     return Agreement(len(a), sum(x != y for x, y in zip(da, db, strict=True)), float(dp.max(initial=0.0)),
                      float(dp.mean()) if len(dp) else 0.0, dict(Counter(da)), dict(Counter(db)))

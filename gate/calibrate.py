@@ -19,8 +19,8 @@ import numpy as np
 
 from gatehead.gate.adapter import ADAPTER_WEIGHTS, GATE_JSON, load_gate_adapter, replace_dir
 from gatehead.gate.data import Example, gate_prompts
-from gatehead.gate.metrics import ClassMetrics, classification_metrics, expected_calibration_error
-from gatehead.gate.policy import LABELS, Thresholds, decide
+from gatehead.gate.metrics import ClassMetrics, classification_metrics, expected_calibration_error, softmax
+from gatehead.gate.policy import LABELS, Thresholds, decide_all
 from gatehead.gate.prompt import PromptBuilder, PromptConfig
 
 
@@ -37,11 +37,6 @@ class CalibrationReport:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def softmax(logits: np.ndarray) -> np.ndarray:
-    z = np.exp(logits - logits.max(axis=1, keepdims=True))
-    return z / z.sum(axis=1, keepdims=True)
 
 
 def fit_temperature(logits: np.ndarray, labels: Sequence[int]) -> float:
@@ -64,7 +59,8 @@ def fit_temperature(logits: np.ndarray, labels: Sequence[int]) -> float:
 
 
 def decisions(probs: np.ndarray, thresholds: Thresholds) -> list[int]:
-    return [LABELS.index(decide(dict(zip(LABELS, row, strict=True)), thresholds)) for row in probs.tolist()]
+    """Decisions as label indices, as the metrics take them."""
+    return [LABELS.index(d) for d in decide_all(probs.tolist(), thresholds)]
 
 
 def choose_thresholds(probs: np.ndarray, labels: Sequence[int], answer_precision: float) -> tuple[Thresholds, bool]:

@@ -10,6 +10,12 @@ import numpy as np
 from gatehead.gate.policy import LABELS
 
 
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise softmax of [n, classes] logits."""
+    z = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return z / z.sum(axis=1, keepdims=True)
+
+
 @dataclass(frozen=True)
 class ClassMetrics:
     """Metrics of predicted vs true label indices (into LABELS)."""

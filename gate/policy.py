@@ -9,7 +9,7 @@ This module does not compute probabilities; the engine and the HF reference do.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -62,6 +62,11 @@ def decide(probs: Mapping[str, float], thresholds: Thresholds) -> Decision:
     if probs["refuse"] >= thresholds.refuse:
         return "refuse"
     return "search"
+
+
+def decide_all(probs: Sequence[Sequence[float]], thresholds: Thresholds) -> list[Decision]:
+    """The decision for each row of probabilities (columns in LABELS order)."""
+    return [decide(dict(zip(LABELS, row, strict=True)), thresholds) for row in probs]
 
 
 def gate_result(probs: Mapping[str, float], thresholds: Thresholds) -> GateResult:

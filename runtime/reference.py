@@ -15,6 +15,7 @@ from typing import Literal
 import numpy as np
 
 from gatehead.gate.adapter import GateAdapter, load_gate_adapter
+from gatehead.gate.metrics import softmax
 from gatehead.gate.policy import LABELS, GateResult, Thresholds, gate_result
 from gatehead.gate.prompt import Passage, PromptBuilder, PromptConfig, Turn
 
@@ -122,9 +123,7 @@ class HFReference:
     def gate_probs(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
         """Probabilities [n, 3] in the canonical label order ("answer", "refuse", "search")."""
         adapter = self._require_adapter()
-        logits = self.gate_logits(prompts).astype(np.float64)
-        probs = np.exp(logits - logits.max(axis=1, keepdims=True))
-        probs /= probs.sum(axis=1, keepdims=True)
+        probs = softmax(self.gate_logits(prompts).astype(np.float64))
         order = [adapter.spec.labels.index(label) for label in LABELS]
         return probs[:, order]
 

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from gatehead.gate.adapter import load_gate_adapter
-from gatehead.gate.calibrate import calibrate, choose_thresholds, fit_temperature, softmax
+from gatehead.gate.calibrate import calibrate, choose_thresholds, fit_temperature
 from gatehead.gate.data import read_examples
+from gatehead.gate.metrics import softmax
 from gatehead.gate.train import TrainConfig, train_gate
 from gatehead.runtime.tiny import TinyModel
 
