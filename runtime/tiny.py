@@ -11,6 +11,7 @@ mechanics and numerics, never quality; the demo model is the trained one.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,8 +84,11 @@ class TinyModel:
     adapter: GateAdapter
 
 
-def build_tokenizer(out_dir: Path, vocab_size: int):
-    """Train and save a byte-level BPE tokenizer with gatehead's reserved tokens and a ChatML template."""
+def build_tokenizer(out_dir: Path, vocab_size: int, texts: Iterable[str] | None = None):
+    """Train and save a byte-level BPE tokenizer with gatehead's reserved tokens and a ChatML template.
+
+    `texts` is the training text (default: a few lines like RAG prompts, enough for tiny models).
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -93,7 +97,7 @@ def build_tokenizer(out_dir: Path, vocab_size: int):
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(RESERVED_TOKENS),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    bpe.train_from_iterator(_CORPUS.splitlines(), trainer)
+    bpe.train_from_iterator(_CORPUS.splitlines() if texts is None else texts, trainer)
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
         additional_special_tokens=list(RESERVED_TOKENS[1:]),

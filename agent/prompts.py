@@ -1,0 +1,16 @@
+"""The texts the agent gives the model: how to answer, how to rewrite a question for search, how to refuse.
+
+The demo model was trained on exactly these; a model of your own follows them as well as its
+instruction tuning allows. Prompt *layout* (documents, turns, budget) is `gatehead.gate.prompt`'s.
+"""
+
+from gatehead.gate.prompt import DEFAULT_SYSTEM
+
+ANSWER_SYSTEM = DEFAULT_SYSTEM
+REWRITE_SYSTEM = (
+    "Rewrite the user's last question as one standalone question for a document search. Replace order codes, "
+    "former names and pronouns with the product name that the documents or the conversation give."
+)
+# What the model says when the documents lack the answer, and what the agent says when searching ran out.
+REFUSAL = "I'm sorry, but the documents do not cover that."
+NOT_FOUND = "I could not find this in the documents."

@@ -1,0 +1,163 @@
+"""Builds the demo kit, stage by stage: `python -m gatehead.demo.build {generate,label,train,evaluate}`.
+
+- generate: the corpus (`demo/corpus/*.md`) and labelled questions (`demo/questions.jsonl`), seeded;
+- label: retrieves for every question with the real retriever, keeps those whose retrieval behaves
+  as the label says, writes `demo/data/{train,val,test}.jsonl` (CPU);
+- train-model: tokenizer and language model, written to `demo/model` (CUDA if present, else CPU);
+- train-gate: the gate adapter on it, calibrated on val, evaluated on test: `demo/adapter` and
+  `demo/report.json` (the two training stages need PyTorch only);
+- evaluate: the held-out figures again, from the committed model and adapter.
+The committed outputs make every stage optional for users of the demo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
+
+from gatehead.demo import ADAPTER_DIR, DEMO_DIR, MODEL_DIR
+
+CORPUS_DIR = DEMO_DIR / "corpus"
+QUESTIONS = DEMO_DIR / "questions.jsonl"
+DATA_DIR = DEMO_DIR / "data"
+REPORT = DEMO_DIR / "report.json"
+SEED = 0
+
+
+def _write_jsonl(path: Path, rows: Sequence[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
+    tmp.replace(path)
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def generate(corpus_dir: Path = CORPUS_DIR, questions_path: Path = QUESTIONS) -> dict:
+    from gatehead.demo.kb import build_kb
+    from gatehead.demo.questions import build_questions
+
+    kb = build_kb(SEED)
+    questions = build_questions(kb, SEED)
+    if corpus_dir.exists():
+        shutil.rmtree(corpus_dir)
+    for doc in kb.docs:
+        path = corpus_dir / f"{doc.doc_id}.md"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(doc.markdown(), encoding="utf-8")
+    _write_jsonl(questions_path, [q.to_dict() for q in questions])
+    return {"documents": len(kb.docs), "questions": len(questions)}
+
+
+def train_model(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, smoke: bool = False) -> dict:
+    """Tokenizer and language model from the labelled training split plus synthetic knowledge bases."""
+    import torch
+
+    from gatehead.demo.tasks import training_examples
+    from gatehead.demo.train import LMConfig, ModelSpec, build_demo_tokenizer, encode, new_model, train_lm
+
+    started = time.time()
+    spec, config = ModelSpec(), LMConfig(max_steps=20 if smoke else None)
+    records = _read_jsonl(data_dir / "train.jsonl")[:40 if smoke else None]
+    examples = training_examples(records, 2 if smoke else 32, SEED)
+    model_dir = out_dir / "model"
+    if model_dir.exists():
+        shutil.rmtree(model_dir)
+    model_dir.mkdir(parents=True)
+    # The tokenizer sees training text only: held-out names are split into pieces, as a user's would be.
+    texts = [e.question for e in examples] + [e.target for e in examples]
+    texts += [p.text for e in examples[:5000] for p in e.passages] + [e.system for e in examples[:10]]
+    tokenizer = build_demo_tokenizer(model_dir, texts, spec)
+    data = encode(examples, tokenizer, spec.max_position)
+    torch.manual_seed(SEED)
+    model = new_model(spec, tokenizer)
+    log = train_lm(model, data, tokenizer.pad_token_id, config)
+    model.to("cpu", dtype=torch.bfloat16).save_pretrained(model_dir, max_shard_size="15MB")
+    report = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+              "torch": torch.__version__, "seconds": round(time.time() - started, 1), "model": asdict(spec),
+              "config": asdict(config), "examples": len(examples), "real_records": len(records), "log": log}
+    (model_dir / "training.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def train_gate_and_report(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, smoke: bool = False) -> dict:
+    """The gate adapter on the model in `out_dir/model`, calibrated on val; held-out figures on test."""
+    import torch
+
+    from gatehead.demo.evaluate import evaluate
+    from gatehead.demo.train import ModelSpec
+    from gatehead.gate.calibrate import calibrate
+    from gatehead.gate.data import parse_example
+    from gatehead.gate.train import TrainConfig, train_gate
+
+    started = time.time()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    window = ModelSpec().max_position
+    records = {split: _read_jsonl(data_dir / f"{split}.jsonl")[:40 if smoke else None]
+               for split in ("train", "val", "test")}
+    model_dir, adapter_dir = out_dir / "model", out_dir / "adapter"
+
+    def gate_examples(rows: list[dict], name: str):
+        # A search question, once rewritten and retrieved again, is an answerable one.
+        found = [{"question": r["rewrite"], "documents": r["rewrite_documents"], "label": "answer"}
+                 for r in rows if r["label"] == "search"]
+        return [parse_example(r, f"{name}:{i}") for i, r in enumerate(rows + found, 1)]
+
+    config = TrainConfig(epochs=2 if smoke else 12, patience=3, batch_size=16, learning_rate=1e-3,
+                         max_context=window, seed=SEED)
+    result = train_gate(model_dir, gate_examples(records["train"], "train"), gate_examples(records["val"], "val"),
+                        adapter_dir, config)
+    calibration = calibrate(model_dir, adapter_dir, [parse_example(r, f"val:{i}") for i, r in
+                                                     enumerate(records["val"], 1)], answer_precision=0.95,
+                            max_context=window)
+    figures = evaluate(model_dir, adapter_dir, records["test"], device=device, max_context=window)
+    report = {
+        "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+        "language_model": json.loads((model_dir / "training.json").read_text()),
+        "gate_training": {"seconds": round(time.time() - started, 1), "best_epoch": result.best_epoch,
+                          "config": asdict(replace(config, progress=False)),
+                          "val_accuracy": [e.val.accuracy for e in result.epochs]},
+        "calibration": calibration.to_dict(),
+        "test": figures,
+    }
+    report["language_model"].pop("log")
+    (out_dir / "report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gatehead.demo.build", description=__doc__.splitlines()[0])
+    parser.add_argument("stage", choices=["generate", "label", "train-model", "train-gate", "evaluate"])
+    parser.add_argument("--out-dir", type=Path, default=DEMO_DIR, help="where train writes model/, adapter/, report")
+    parser.add_argument("--smoke", action="store_true", help="a few steps on a few examples: checks the pipeline")
+    args = parser.parse_args(argv)
+    if args.stage == "generate":
+        print(json.dumps(generate()))
+    elif args.stage == "label":
+        from gatehead.demo.label import label
+
+        print(json.dumps(label(CORPUS_DIR, QUESTIONS, DATA_DIR), indent=2))
+    elif args.stage == "train-model":
+        report = train_model(out_dir=args.out_dir, smoke=args.smoke)
+        print(json.dumps({k: report[k] for k in ("seconds", "examples")}))
+    elif args.stage == "train-gate":
+        report = train_gate_and_report(out_dir=args.out_dir, smoke=args.smoke)
+        print(json.dumps(report["test"], indent=2, ensure_ascii=False))
+    else:
+        from gatehead.demo.evaluate import evaluate
+
+        figures = evaluate(MODEL_DIR, ADAPTER_DIR, _read_jsonl(DATA_DIR / "test.jsonl"))
+        print(json.dumps(figures, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

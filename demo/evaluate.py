@@ -1,0 +1,71 @@
+"""Held-out figures of the demo model and gate, on (question, actually retrieved documents) pairs.
+
+Gate: decisions at the adapter's thresholds, accuracy and per-class recall. Model: exact match of
+answers on answerable questions (citations, case and end punctuation ignored), exact match of the
+rewrite on search questions, and how often it refuses where the documents lack the answer.
+Runs through the HF reference (fp32), on CUDA or CPU; the shared engine's agreement with it is
+checked elsewhere (`gatehead.evals.agreement`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+
+from gatehead.agent.prompts import ANSWER_SYSTEM, REFUSAL, REWRITE_SYSTEM
+from gatehead.demo.tasks import normalize
+from gatehead.gate.data import parse_example
+from gatehead.gate.metrics import classification_metrics
+from gatehead.gate.policy import LABELS, decide_all
+from gatehead.gate.prompt import PromptBuilder, PromptConfig
+
+MAX_REPLY = 32
+
+
+def _replies(reference, builder: PromptBuilder, items: Sequence[tuple[str, Sequence]]) -> list[str]:
+    prompts = [builder.build(question, passages).answer for question, passages in items]
+    outputs = reference.generate(prompts, MAX_REPLY)
+    eos = reference.tokenizer.eos_token_id
+    return [reference.tokenizer.decode(out[:out.index(eos)] if eos in out else out) for out in outputs]
+
+
+def evaluate(model_dir: str | Path, adapter_dir: str | Path, records: Sequence[dict], device: str = "cpu",
+             max_context: int = 2048) -> dict:
+    """Figures for `records` (rows written by `gatehead.demo.label`); see the module docstring."""
+    from gatehead.runtime.reference import HFReference
+
+    reference = HFReference(model_dir, adapter_dir, dtype="float32", device=device)
+    adapter = reference.adapter
+    assert adapter is not None
+    examples = [parse_example(r, f"record {r.get('qid', i)}") for i, r in enumerate(records)]
+    gate_builder = PromptBuilder(reference.tokenizer, adapter.spec.suffix, PromptConfig(max_context=max_context))
+    probs = reference.gate_probs([gate_builder.build(e.question, e.passages).gate for e in examples])
+    decisions = decide_all(probs.tolist(), adapter.spec.thresholds)
+    gate = classification_metrics([LABELS.index(e.label) for e in examples], [LABELS.index(d) for d in decisions])
+
+    answer_builder = PromptBuilder(reference.tokenizer, adapter.spec.suffix,
+                                   PromptConfig(max_context=max_context, system=ANSWER_SYSTEM))
+    rewrite_builder = PromptBuilder(reference.tokenizer, adapter.spec.suffix,
+                                    PromptConfig(max_context=max_context, system=REWRITE_SYSTEM))
+    answerable = [(r, e) for r, e in zip(records, examples, strict=True) if e.label == "answer"]
+    searches = [(r, e) for r, e in zip(records, examples, strict=True) if e.label == "search"]
+    refusals = [(r, e) for r, e in zip(records, examples, strict=True) if e.label == "refuse"]
+    answers = _replies(reference, answer_builder, [(e.question, e.passages) for _, e in answerable])
+    rewrites = _replies(reference, rewrite_builder, [(e.question, e.passages) for _, e in searches])
+    refused = _replies(reference, answer_builder, [(e.question, e.passages) for _, e in refusals])
+    answer_hits = [normalize(a) == normalize(r["answer"]) for a, (r, _) in zip(answers, answerable, strict=True)]
+    rewrite_hits = [normalize(a) == normalize(r["rewrite"]) for a, (r, _) in zip(rewrites, searches, strict=True)]
+    refusal_hits = [a.strip() == REFUSAL for a in refused]
+    misses = [{"question": r["question"], "gold": r["answer"], "reply": a}
+              for a, (r, _), hit in zip(answers, answerable, answer_hits, strict=True) if not hit]
+    return {
+        "questions": len(records),
+        "gate": asdict(gate),
+        "decision_mix": {label: decisions.count(label) for label in LABELS},
+        "answer_exact_match": sum(answer_hits) / max(len(answer_hits), 1),
+        "answerable": len(answer_hits),
+        "rewrite_exact_match": sum(rewrite_hits) / max(len(rewrite_hits), 1),
+        "refusal_rate_on_refuse": sum(refusal_hits) / max(len(refusal_hits), 1),
+        "answer_misses": misses[:20],
+    }
