@@ -1,0 +1,89 @@
+"""Fidelity on the trained demo model and gate, where decisions spread over all three classes and flips mean something.
+
+Same judging rules as `test_fidelity.py` (tiny random model), full size: 64 answer requests of 128
+tokens for stability, 256 gate requests mixed with generation for agreement. The requests are the
+demo's held-out questions with the documents the real retriever returned for them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from gatehead.demo import ADAPTER_DIR, DEMO_DIR, MODEL_DIR
+from gatehead.evals.agreement import agreement, dedicated_gate_probs, shared_gate_probs
+from gatehead.evals.stability import check_stability
+from gatehead.gate.adapter import load_gate_adapter
+from gatehead.gate.data import parse_example
+from gatehead.runtime.dedicated import export_dedicated
+from gatehead.runtime.engine import EngineConfig, SharedEngine
+from gatehead.runtime.reference import HFReference
+
+MAX_LEN = 2048
+MEMORY_FRACTION = 0.1
+
+
+def demo_engine(gate: bool) -> Iterator[SharedEngine]:
+    engine = SharedEngine(EngineConfig(model=MODEL_DIR, adapter=ADAPTER_DIR if gate else None, enforce_eager=True,
+                                       memory_fraction=MEMORY_FRACTION, block_size=32, max_model_len=MAX_LEN))
+    try:
+        yield engine
+    finally:
+        engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def demo_stock() -> Iterator[SharedEngine]:
+    yield from demo_engine(gate=False)
+
+
+@pytest.fixture(scope="module")
+def demo_shared() -> Iterator[SharedEngine]:
+    yield from demo_engine(gate=True)
+
+
+@pytest.fixture(scope="module")
+def held_out() -> list:
+    """The demo's held-out questions (test, then val) with their retrieved documents."""
+    rows = []
+    for split in ("test", "val"):
+        lines = (DEMO_DIR / "data" / f"{split}.jsonl").read_text(encoding="utf-8").splitlines()
+        rows += [parse_example(json.loads(line), f"{split}:{i}") for i, line in enumerate(lines, 1)]
+    return rows
+
+
+def built(engine: SharedEngine, examples, kind: str) -> list[tuple[int, ...]]:
+    return [getattr(engine.prompts.build(e.question, e.passages, e.conversation), kind) for e in examples]
+
+
+@pytest.mark.parametrize("mixed", [False, True], ids=["plain", "mixed"])
+def test_demo_stability(demo_stock, demo_shared, held_out, loop, mixed: bool) -> None:
+    answers = built(demo_shared, held_out[:64], "answer")
+    gates = built(demo_shared, held_out[64:128], "gate") if mixed else []
+    result = loop.run(check_stability(demo_stock, demo_shared, answers, 128, gates))
+    print(f"demo {'mixed' if mixed else 'plain'}: {result}")
+    assert result.passed, result
+
+
+def test_demo_gate_agreement(demo_shared, held_out, loop, tmp_path) -> None:
+    adapter = load_gate_adapter(ADAPTER_DIR, MODEL_DIR)
+    gates = built(demo_shared, held_out[:256], "gate")
+    generations = built(demo_shared, held_out[256:288], "answer")
+    shared = loop.run(shared_gate_probs(demo_shared, gates, generations))
+    export = export_dedicated(MODEL_DIR, ADAPTER_DIR, tmp_path / "dedicated")
+    dedicated = dedicated_gate_probs(export, gates, adapter.spec.labels, dtype="bfloat16", enforce_eager=True,
+                                     kv_cache_memory_bytes=256 << 20, max_model_len=MAX_LEN)
+    fp32 = HFReference(MODEL_DIR, ADAPTER_DIR, "float32").gate_probs(gates)
+    bf16 = HFReference(MODEL_DIR, ADAPTER_DIR, "bfloat16").gate_probs(gates)
+    thresholds = adapter.spec.thresholds
+    vs_dedicated, vs_fp32 = agreement(shared, dedicated, thresholds), agreement(shared, fp32, thresholds)
+    bf16_vs_fp32 = agreement(bf16, fp32, thresholds)
+    print(f"demo shared vs dedicated: {vs_dedicated}\ndemo shared vs HF fp32: {vs_fp32}\n"
+          f"demo dedicated vs HF fp32: {agreement(dedicated, fp32, thresholds)}\ndemo HF bf16 vs HF fp32: {bf16_vs_fp32}")
+    assert len(vs_dedicated.mix_a) == 3, f"the demo gate should use all three decisions: {vs_dedicated.mix_a}"
+    assert vs_dedicated.flips == 0 and vs_dedicated.max_dp <= 0.02, vs_dedicated
+    assert vs_fp32.flips <= bf16_vs_fp32.flips, (vs_fp32, bf16_vs_fp32)
+    assert np.allclose(shared.sum(axis=1), 1.0, atol=1e-5)
