@@ -188,46 +188,64 @@ def _ingest(args: argparse.Namespace) -> int:
     return 0
 
 
-DEMO_QUESTIONS = (
-    ("How long is the warranty?", ["The warranty covers defects for two years from the date of purchase."]),
-    ("Who won the football match yesterday?", ["To reset the router, hold the reset button for ten seconds."]),
-)
+# Held-out questions (products the demo model never saw in training): one answer, one search, one refuse.
+DEMO_QUESTIONS = ("How much does the Rowan Lantern cost?", "What does the BS-370 weigh?", "Who painted the Mona Lisa?")
 
 
 def _demo(args: argparse.Namespace) -> int:
     import asyncio
 
+    from gatehead.retrieval.config import IngestConfig, StoreConfig
+    from gatehead.retrieval.embedder import Embedder
+    from gatehead.retrieval.ingest import ingest
+    from gatehead.retrieval.store import Store
     from gatehead.runtime.engine import EngineConfig, SharedEngine
 
-    if (demo.MODEL_DIR / "config.json").exists():
-        model_dir, adapter_dir = demo.MODEL_DIR, demo.ADAPTER_DIR
-    else:
-        from gatehead.runtime.tiny import build_tiny
-
-        print("The trained demo model is not in this checkout yet: using a tiny RANDOM model, so the "
-              "decisions below show the mechanics only, not quality.")
-        tiny = build_tiny(Path(args.cache) / "tiny")
-        model_dir, adapter_dir = tiny.model_dir, tiny.adapter_dir
-    print("Starting one vLLM engine for both the gate and the answers (eager mode)...")
-    engine = SharedEngine(EngineConfig(model=model_dir, adapter=adapter_dir, enforce_eager=True,
-                                       kv_cache_memory_bytes=256 << 20, max_model_len=2048))
+    print(f"Indexing the demo corpus ({demo.DEMO_DIR / 'corpus'}) into {args.store} (unchanged files are skipped)...")
+    store = Store(StoreConfig(path=args.store, collection="demo"), Embedder())
     try:
-        asyncio.run(_demo_turns(engine))
+        print(ingest([demo.DEMO_DIR / "corpus"], store, IngestConfig(progress=False)).summary())
+        print("Starting one vLLM engine for both the gate and the answers (eager mode)...")
+        engine = SharedEngine(EngineConfig(model=demo.MODEL_DIR, adapter=demo.ADAPTER_DIR, enforce_eager=True,
+                                           kv_cache_memory_bytes=256 << 20, max_model_len=2048))
+        try:
+            asyncio.run(_demo_turns(engine, store, args.question or DEMO_QUESTIONS))
+        finally:
+            engine.shutdown()
     finally:
-        engine.shutdown()
+        store.close()
     return 0
 
 
-async def _demo_turns(engine) -> None:
-    from gatehead.gate.prompt import Passage
+async def _demo_turns(engine, store, questions: Sequence[str]) -> None:
+    for question in questions:  # one event loop for all: the engine's client binds to the loop it first runs in
+        await _demo_turn(engine, store, question)
 
-    for question, docs in DEMO_QUESTIONS:
-        outcome = await engine.gate(question, [Passage(text=d, title="doc") for d in docs])
+
+async def _demo_turn(engine, store, question: str) -> None:
+    """retrieve -> gate -> answer | refuse | search (rewrite, retrieve, gate once more): the agent's path, inline."""
+    from gatehead.agent.prompts import REFUSAL, REWRITE_SYSTEM
+    from gatehead.gate.prompt import PromptBuilder, PromptConfig
+
+    print(f"\n{question}")
+    for attempt in range(2):
+        passages = [hit.to_passage() for hit in store.search(question, top_k=3)]
+        outcome = await engine.gate(question, passages)
         probs = "  ".join(f"{k}={v:.3f}" for k, v in outcome.result.probs.items())
-        print(f"{question}\n  gate:   {outcome.result.decision:<7} ({probs})")
-        answer = await engine.generate(outcome.prompt.answer, max_tokens=32)
-        print(f"  answer: {answer.text!r}\n          ({answer.num_cached_tokens} of {len(outcome.prompt.answer)} "
-              f"prompt tokens reused from the gate's prefill)")
+        print(f"  retrieved: {', '.join(p.source for p in passages)}\n  gate:      {outcome.result.decision:<7} ({probs})")
+        if outcome.result.decision == "answer":
+            answer = await engine.generate(outcome.prompt.answer, max_tokens=32)
+            print(f"  answer:    {answer.text}\n             ({answer.num_cached_tokens} of "
+                  f"{len(outcome.prompt.answer)} prompt tokens reused from the gate's prefill)")
+            return
+        if outcome.result.decision == "refuse" or attempt == 1:
+            print(f"  answer:    {REFUSAL}")
+            return
+        rewriter = PromptBuilder(engine.tokenizer, engine.adapter.spec.suffix,
+                                 PromptConfig(max_context=engine.prompts.config.max_context, system=REWRITE_SYSTEM))
+        rewrite = await engine.generate(rewriter.build(question, passages).answer, max_tokens=48)
+        question = rewrite.text.strip()
+        print(f"  rewritten: {question}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -305,8 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="chunks embedded and written at once")
     p.set_defaults(func=_ingest)
 
-    p = commands.add_parser("demo", help="run the demo on the embedded default model")
-    p.add_argument("--cache", default=".cache", help="where a fallback tiny model is built")
+    p = commands.add_parser("demo", help="index the demo corpus and run questions through retrieval, gate and answer")
+    p.add_argument("question", nargs="*", help="questions to ask (default: three held-out examples)")
+    p.add_argument("--store", default=".cache/qdrant", help="embedded Qdrant storage directory for the demo index")
     p.set_defaults(func=_demo)
     return parser
 

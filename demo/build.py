@@ -142,9 +142,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.stage == "generate":
         print(json.dumps(generate()))
     elif args.stage == "label":
+        from gatehead.demo.kb import build_kb
         from gatehead.demo.label import label
 
-        print(json.dumps(label(CORPUS_DIR, QUESTIONS, DATA_DIR), indent=2))
+        print(json.dumps(label(build_kb(SEED), CORPUS_DIR, QUESTIONS, DATA_DIR), indent=2))
     elif args.stage == "train-model":
         report = train_model(out_dir=args.out_dir, smoke=args.smoke)
         print(json.dumps({k: report[k] for k in ("seconds", "examples")}))

@@ -6,7 +6,10 @@ The corpus is ingested into a fresh embedded Qdrant store with the default embed
   and the rewritten question's retrieval returns it;
 - `refuse` holds by construction (no document has the answer); it is kept with what was retrieved.
 Rows keep the passages as retrieved, so the gate and the model train and test on what the agent
-will really see. Questions that fail their check are counted by reason and left out.
+will really see. Training questions retrieve from training documents only (a source filter on the
+same index): otherwise held-out documents would reach training as distractors, and the model could
+learn their facts. Validation and test questions retrieve from the whole corpus, as users do.
+Questions that fail their check are counted by reason and left out.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
+from gatehead.demo.kb import KnowledgeBase
 from gatehead.demo.tasks import TOP_K
 
 
@@ -25,8 +29,11 @@ def _rows(hits) -> list[dict]:
     return [asdict(hit.to_passage()) for hit in hits]
 
 
-def label(corpus_dir: Path, questions_path: Path, out_dir: Path) -> dict:
-    """Write `out_dir/{train,val,test}.jsonl` of the questions whose retrieval matches their label."""
+def label(kb: KnowledgeBase, corpus_dir: Path, questions_path: Path, out_dir: Path) -> dict:
+    """Write `out_dir/{train,val,test}.jsonl` of the questions whose retrieval matches their label.
+
+    `kb` is the knowledge base that wrote `corpus_dir` (it knows each document's split).
+    """
     from gatehead.retrieval.config import IngestConfig, StoreConfig
     from gatehead.retrieval.embedder import Embedder
     from gatehead.retrieval.ingest import ingest
@@ -34,6 +41,7 @@ def label(corpus_dir: Path, questions_path: Path, out_dir: Path) -> dict:
 
     started = time.time()
     questions = [json.loads(line) for line in questions_path.read_text(encoding="utf-8").splitlines() if line]
+    train_sources = sorted(f"{doc.doc_id}.md" for doc in kb.docs if doc.split == "train")
     embedder = Embedder()
     kept: dict[str, list[dict]] = {"train": [], "val": [], "test": []}
     dropped: Counter[str] = Counter()
@@ -42,7 +50,8 @@ def label(corpus_dir: Path, questions_path: Path, out_dir: Path) -> dict:
         try:
             ingest([corpus_dir], store, IngestConfig(progress=False))
             for q in questions:
-                hits = store.search(q["question"], top_k=TOP_K)
+                within = train_sources if q["split"] == "train" else None
+                hits = store.search(q["question"], top_k=TOP_K, sources=within)
                 sources = [h.source for h in hits]
                 gold, related = f"{q['gold']}.md" if q["gold"] else "", f"{q['related']}.md" if q["related"] else ""
                 row = {**q, "gold": gold, "related": related, "documents": _rows(hits)}
@@ -56,7 +65,7 @@ def label(corpus_dir: Path, questions_path: Path, out_dir: Path) -> dict:
                     if related not in sources:
                         dropped["search: first retrieval misses the related notice"] += 1
                         continue
-                    found = store.search(q["rewrite"], top_k=TOP_K)
+                    found = store.search(q["rewrite"], top_k=TOP_K, sources=within)
                     if gold not in [h.source for h in found]:
                         dropped["search: the rewrite does not find the answer"] += 1
                         continue

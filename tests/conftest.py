@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from gatehead.retrieval.config import EmbedderConfig
+from gatehead.retrieval.embedder import Embedder
 from gatehead.runtime.tiny import TinyModel, TinySpec, build_tiny
 
 
@@ -24,3 +26,11 @@ def tokenizer(tiny: TinyModel):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(tiny.model_dir)
+
+
+@pytest.fixture(scope="session")
+def embedder() -> Embedder:
+    """The bundled all-MiniLM-L6-v2, loaded once for every test that embeds."""
+    embedder = Embedder(EmbedderConfig(device="cpu"))
+    assert embedder.dimension == 384  # loads the model, here and only here
+    return embedder

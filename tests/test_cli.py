@@ -76,3 +76,17 @@ def test_export_dedicated_writes_a_stock_classifier(tiny: TinyModel, tmp_path: P
     missing = run("export-dedicated", str(tmp_path / "x"), "--model", str(tiny.model_dir), "--adapter",
                   str(tmp_path / "nope"))
     assert missing.returncode == 2 and "has no adapter_config.json" in missing.stderr
+
+
+def test_demo_runs_retrieval_gate_and_answer_on_the_demo_model(tmp_path: Path) -> None:
+    result = subprocess.run([GATEHEAD, "demo", "--store", str(tmp_path / "qdrant"),
+                             "How much does the Rowan Lantern cost?",
+                             "What is the price of the BS-370?"], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    print(out)
+    assert "260 added" in out  # the corpus indexed: 260 one-chunk documents
+    first, second = out.split("What is the price of the BS-370?")
+    assert "gate:      answer" in first and "€354 [1]" in first and "prompt tokens reused" in first
+    assert "gate:      search" in second and "rewritten: What is the price of the Rowan Lantern?" in second
+    assert second.count("gate:") == 2 and "€354 [1]" in second

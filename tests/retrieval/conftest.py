@@ -1,4 +1,4 @@
-"""One embedder, the bundled all-MiniLM-L6-v2, loaded once for every retrieval test; a corpus writer."""
+"""A corpus writer for retrieval tests (the session's embedder is in tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -6,16 +6,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-
-from gatehead.retrieval.config import EmbedderConfig
-from gatehead.retrieval.embedder import Embedder
-
-
-@pytest.fixture(scope="session")
-def embedder() -> Embedder:
-    embedder = Embedder(EmbedderConfig(device="cpu"))
-    assert embedder.dimension == 384  # loads the model, here and only here
-    return embedder
 
 
 @pytest.fixture
