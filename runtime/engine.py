@@ -249,9 +249,10 @@ class SharedEngine:
     async def reset_prefix_cache(self) -> None:
         await self.llm.reset_prefix_cache()
 
-    def stats(self) -> dict[str, float]:
-        """Counters and gauges from vLLM's step stats, plus KV capacity and request counts."""
-        return {**self._stats.snapshot(), "kv_blocks": self.kv_blocks, "kv_tokens": self.kv_tokens}
+    async def stats(self) -> dict[str, float]:
+        """Counters and gauges from vLLM's step stats, KV capacity, request counts, and the branch's time."""
+        branch = (await self.llm.collective_rpc("gatehead_branch_timing"))[0] if self.adapter is not None else {}
+        return {**self._stats.snapshot(), "kv_blocks": self.kv_blocks, "kv_tokens": self.kv_tokens, **branch}
 
     @property
     def kv_blocks(self) -> int:

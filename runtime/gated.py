@@ -14,6 +14,7 @@ engine reports an error for it instead of a guess.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -93,6 +94,27 @@ class RowKeeper:
         return sum(t.shape[0] for rows in self.kept.values() for t in rows)
 
 
+@dataclass
+class BranchTiming:
+    """Wall time of the branch in the steps where it ran (collecting rows included), in this worker."""
+
+    steps: int = 0
+    prompts: int = 0
+    seconds: float = 0.0
+    max_seconds: float = 0.0
+
+    def add(self, seconds: float, prompts: int) -> None:
+        self.steps += 1
+        self.prompts += prompts
+        self.seconds += seconds
+        self.max_seconds = max(self.max_seconds, seconds)
+
+    def snapshot(self) -> dict[str, float]:
+        return {"branch_steps": self.steps, "branch_prompts": self.prompts, "branch_seconds": self.seconds,
+                "branch_ms_per_step": 1000 * self.seconds / self.steps if self.steps else 0.0,
+                "branch_ms_max": 1000 * self.max_seconds}
+
+
 class GateState(nn.Module):
     """What the plugin adds to a model: the tap buffer, the branch, rows retained across chunks."""
 
@@ -116,17 +138,24 @@ class GateState(nn.Module):
                  perturbed=getattr(hf, "gatehead_tap", "copy") == "perturbed")
         self.rows = RowKeeper(tuple(hf.gatehead_suffix_ids), int(hf.gatehead_max_gate_tokens))
         self.results: dict[int, torch.Tensor] = {}
+        self.timing = BranchTiming()
 
     def begin_step(self, rows: list[GateRow], live: set[str]) -> None:
         self.rows.begin_step(rows, live)
 
     def after_forward(self) -> None:
         """Keep this step's tapped gate rows; run the branch for prompts now complete."""
+        started, ran = time.perf_counter(), 0
         for batch_row, rows in self.rows.collect(self.tap_buffer):
             if rows is None:
                 self.results[batch_row] = torch.full((3,), float("nan"), device=self.tap_buffer.device)
             else:
                 self.results[batch_row] = self.branch(rows)[self.head_order]
+                ran += 1
+        if ran:
+            if self.tap_buffer.is_cuda:  # the results are read in compute_logits right after: no extra stall
+                torch.cuda.synchronize(self.tap_buffer.device)
+            self.timing.add(time.perf_counter() - started, ran)
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """Gate rows of `logits` -> the head's logits on the action tokens; other rows untouched."""

@@ -57,6 +57,10 @@ class WorkerExtension:
         """The itemised bytes the plugin allocated in this worker."""
         return self.model_runner.get_model().gatehead.memory_bytes()
 
+    def gatehead_branch_timing(self) -> dict[str, float]:
+        """How long the branch took in the steps it ran, in this worker."""
+        return self.model_runner.get_model().gatehead.timing.snapshot()
+
 
 def plan_step(runner: Any, suffix_len: int) -> tuple[list[Any], set[str]]:
     """This step's gate rows (`GateRow`s) and the ids of the requests the V1 model runner holds."""

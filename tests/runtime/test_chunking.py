@@ -26,7 +26,7 @@ def cramped(engines) -> SharedEngine:
 
 def test_chunked_uncached_and_preempted_prompts_give_the_same_probabilities(cramped, shared_eager, loop) -> None:
     def preemptions() -> float:
-        return cramped.stats()["preemptions"]
+        return loop.run(cramped.stats())["preemptions"]
 
     requests = synthetic_requests(24, seed=5)
     gates = [shared_eager.prompts.build(r.question, r.passages, r.conversation).gate for r in requests]

@@ -82,7 +82,8 @@ def test_demo_gate_agreement(demo_shared, held_out, loop, tmp_path) -> None:
     vs_dedicated, vs_fp32 = agreement(shared, dedicated, thresholds), agreement(shared, fp32, thresholds)
     bf16_vs_fp32 = agreement(bf16, fp32, thresholds)
     print(f"demo shared vs dedicated: {vs_dedicated}\ndemo shared vs HF fp32: {vs_fp32}\n"
-          f"demo dedicated vs HF fp32: {agreement(dedicated, fp32, thresholds)}\ndemo HF bf16 vs HF fp32: {bf16_vs_fp32}")
+          f"demo dedicated vs HF fp32: {agreement(dedicated, fp32, thresholds)}\n"
+          f"demo HF bf16 vs HF fp32: {bf16_vs_fp32}")
     assert len(vs_dedicated.mix_a) == 3, f"the demo gate should use all three decisions: {vs_dedicated.mix_a}"
     assert vs_dedicated.flips == 0 and vs_dedicated.max_dp <= 0.02, vs_dedicated
     assert vs_fp32.flips <= bf16_vs_fp32.flips, (vs_fp32, bf16_vs_fp32)

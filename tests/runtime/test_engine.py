@@ -42,7 +42,7 @@ def test_gate_matches_the_hf_reference(shared_eager: SharedEngine, loop, tiny: T
 
 def test_answer_reuses_the_gate_prefill(shared_eager: SharedEngine, loop) -> None:
     def hits() -> float:
-        return shared_eager.stats()["prefix_cache_hits"]
+        return loop.run(shared_eager.stats())["prefix_cache_hits"]
 
     loop.run(shared_eager.reset_prefix_cache())
     gate = loop.run(shared_eager.gate("Can I return the router?", DOCS))
@@ -202,3 +202,27 @@ def test_out_of_range_token_ids_are_rejected(shared_eager: SharedEngine, loop) -
         loop.run(shared_eager.gate_prompt([-1, *prompt.gate]))
     with pytest.raises(ValueError, match=r"integers in \[0, "):
         loop.run(shared_eager.generate([10**9, 5], max_tokens=2))
+
+
+def test_stats_count_requests_kv_and_branch_time(shared_eager: SharedEngine, stock_eager: SharedEngine, loop) -> None:
+    import asyncio
+
+    items = [("How long is the warranty?", DOCS), ("Who won the match?", ()), ("Reset the router?", DOCS)]
+    before = loop.run(shared_eager.stats())
+
+    async def work():
+        answer = shared_eager.prompts.build("How do I reset the router?", DOCS).answer
+        return await asyncio.gather(shared_eager.gate_many(items),
+                                    *(shared_eager.generate(answer, max_tokens=4) for _ in range(2)))
+
+    loop.run(work())
+    after = loop.run(shared_eager.stats())
+    print(f"stats after 3 gates and 2 generations: {after}")
+    assert after["gate_requests"] - before["gate_requests"] == 3
+    assert after["generation_requests"] - before["generation_requests"] == 2
+    assert after["kv_tokens"] == after["kv_blocks"] * 32 > 0 and 0.0 <= after["kv_cache_usage"] <= 1.0
+    assert after["running"] >= 0 and after["waiting"] >= 0 and after["steps"] > before["steps"]
+    assert after["branch_prompts"] - before["branch_prompts"] == 3
+    assert after["branch_steps"] > before["branch_steps"] and after["branch_seconds"] > before["branch_seconds"]
+    assert 0 < after["branch_ms_per_step"] <= after["branch_ms_max"]
+    assert "branch_steps" not in loop.run(stock_eager.stats())  # no branch, no branch figures
