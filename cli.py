@@ -163,19 +163,21 @@ def _ingest(args: argparse.Namespace) -> int:
 
     if bool(args.paths) == bool(args.delete):
         raise ValueError("give PATHs to ingest, or --delete SOURCE: exactly one of the two")
-    store_config = StoreConfig(path=args.store, url=args.url, api_key=os.environ.get("QDRANT_API_KEY") or None,
-                               collection=args.collection)
+    # the key is for a server only: one in the environment must not break local storage
+    api_key = (os.environ.get("QDRANT_API_KEY") or None) if args.url else None
+    store_config = StoreConfig(path=args.store, url=args.url, api_key=api_key, collection=args.collection)
     if args.delete:
         with Store(store_config) as store:  # no embedder: deleting needs no model
             missing = [s for s in args.delete if not store.count([s])]
             if missing:
-                known = ", ".join(repr(s) for s in sorted(store.fingerprints())[:5]) or "none"
+                known = ", ".join(repr(s) for s in sorted({c.source for c in store.stored().values()})[:5]) or "none"
                 raise ValueError(f"no chunks of {', '.join(map(repr, missing))} in collection {args.collection!r}: "
                                  f"a source is a path relative to the directory that was ingested (stored: {known})")
             for source in args.delete:
                 print(f"deleted {source}: {store.delete_source(source)} chunks")
         return 0
-    config = IngestConfig(chunk_tokens=args.chunk_tokens, overlap=args.overlap, batch_size=args.batch_size)
+    config = IngestConfig(chunk_tokens=args.chunk_tokens, overlap=args.overlap, batch_size=args.batch_size,
+                          prune=not args.keep_removed)
     embedder = Embedder(EmbedderConfig(model=args.model, batch_size=args.batch_size))
     with Store(store_config, embedder) as store:
         report = ingest(args.paths, store, config)
@@ -306,7 +308,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = commands.add_parser("ingest", help="index documents into the Qdrant store, or --delete a source",
                             description="Index Markdown, text, HTML, PDF and JSONL files (directories are walked). "
-                                        "Re-running is cheap: unchanged chunks are kept, changed files replaced.")
+                                        "Re-running is cheap: unchanged chunks are kept, changed files replaced, "
+                                        "and files gone from a directory given are removed.")
     p.add_argument("paths", nargs="*", metavar="PATH", help="files or directories to ingest")
     p.add_argument("--delete", action="append", metavar="SOURCE",
                    help="remove a source (its path relative to the ingested directory); repeatable")
@@ -321,6 +324,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tokens shared by consecutive chunks of a section")
     p.add_argument("--batch-size", type=int, default=IngestConfig.batch_size,
                    help="chunks embedded and written at once")
+    p.add_argument("--keep-removed", action="store_true",
+                   help="keep the chunks of files gone from a directory given (default: remove them)")
     p.set_defaults(func=_ingest)
 
     p = commands.add_parser("demo", help="index the demo corpus and run questions through retrieval, gate and answer")

@@ -1,8 +1,9 @@
 """Cutting text into chunks of at most N embedder tokens, breaking on headings, paragraphs and sentences.
 
-Order of preference for a break: before a Markdown heading (`#` lines; the HTML loader writes its
-headings that way too), between paragraphs (blank lines), between lines, between sentences, and
-only inside a run of text with none of these at a token. A chunk that ends mid-section hands its
+Order of preference for a break: before a Markdown heading (`#` lines, but not inside ``` or ~~~
+code fences, where `#` starts a shell or Python comment; the HTML loader writes its headings as `#`
+lines too), between paragraphs (blank lines), between lines, between sentences, and only inside a
+run of text with none of these at a token. A chunk that ends mid-section hands its
 last `overlap` tokens (from a word start) to the next one; a chunk that ends at a heading does not,
 since the next section is a new subject. A section smaller than a quarter of a chunk shares its
 chunk with the next section. Sizes are counted with the embedder's own tokenizer, so a chunk fits
@@ -16,7 +17,8 @@ from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Any
 
-_HEADING = re.compile(r"#{1,6}\s")
+_HEADING = re.compile(r" {0,3}#{1,6}\s")  # indented further, it is code
+_FENCE = re.compile(r" {0,3}(```|~~~)")
 _SEPARATORS = (re.compile(r"\n"), re.compile(r"(?<=[.!?;:])\s+"))  # lines, then sentences
 
 
@@ -51,8 +53,13 @@ def _blocks(text: str) -> list[_Unit]:
     """Paragraphs (runs of non-blank lines), with every heading line a block of its own."""
     blocks: list[_Unit] = []
     start = end = None
+    fence = None  # the marker (``` or ~~~) of the code block the line is in, if any
     for line in re.finditer(r"^.*$", text, re.MULTILINE):
-        if not line.group().strip() or _HEADING.match(line.group().lstrip()):
+        in_code = fence is not None
+        marker = _FENCE.match(line.group())
+        if marker and (not in_code or marker.group(1) == fence):
+            fence = None if in_code else marker.group(1)
+        if not line.group().strip() or (not in_code and _HEADING.match(line.group())):
             if start is not None:
                 blocks.append(_Unit(start, end, False))
                 start = None
@@ -134,3 +141,21 @@ def chunk_text(text: str, tokenizer: Any, max_tokens: int, overlap: int = 0) -> 
         current = [_Unit(follow, unit.start, False), unit] if fits else [unit]
     spans.append((current[0].start, current[-1].end))
     return [text[a:b].strip() for a, b in spans]
+
+
+def with_title(title: str, text: str, tokenizer: Any, max_tokens: int) -> str:
+    """`title`, a newline, then `text`: the title cut at a token so the whole holds at most `max_tokens` tokens.
+
+    The chunk itself is never cut (it was made to fit); a title too long for the room left gives way.
+    """
+    if not title:
+        return text
+    while title:
+        n = len(tokenizer(f"{title}\n{text}", add_special_tokens=False, verbose=False)["input_ids"])
+        if n <= max_tokens:
+            return f"{title}\n{text}"
+        starts = [start for start, _ in tokenizer(title, add_special_tokens=False, return_offsets_mapping=True,
+                                                  verbose=False)["offset_mapping"]]
+        keep = len(starts) - (n - max_tokens)  # one title token per token over: exact unless tokens merge
+        title = title[:starts[keep]].rstrip() if keep > 0 else ""
+    return text

@@ -44,10 +44,11 @@ class StoreConfig:
 class IngestConfig:
     """How documents are cut into chunks and written."""
 
-    chunk_tokens: int = 200  # embedder tokens per chunk; the title, embedded with each chunk, uses the rest
+    chunk_tokens: int = 200  # embedder tokens per chunk; the title, embedded with each chunk, is cut to the rest
     overlap: int = 32  # tokens repeated from the previous chunk when a chunk ends mid-section
     batch_size: int = 64  # chunks embedded and written together
     progress: bool = True
+    prune: bool = True  # remove the chunks of files gone from a directory given: the collection mirrors it
 
     def __post_init__(self) -> None:
         if self.chunk_tokens < 16:

@@ -1,7 +1,9 @@
 """Sentence-transformers embeddings: one model loaded once, batch encoding, and the identity a collection records.
 
-The model loads on first use (`model`, `dimension`, `encode`...), so opening a store or failing on a
-locked one costs no model load. Vectors come back L2-normalised: cosine similarity is their dot product.
+The model loads on first use (`model`, `dimension`, `encode`...): a store that is locked, or opened
+without an embedder, fails or opens without loading it, but opening a collection for an embedder
+loads it (the collection checks the dimension). Vectors come back L2-normalised: cosine similarity
+is their dot product.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class Embedder:
 
     @cached_property
     def dimension(self) -> int:
+        """Length of the model's vectors (loads the model)."""
         return int(self.model.get_embedding_dimension())
 
     @property

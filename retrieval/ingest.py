@@ -1,24 +1,30 @@
 """Ingestion: files to chunks to points, idempotently; a changed file's old chunks are replaced, never orphaned.
 
 A point's id is uuid5 of its source, its chunk text and how many identical chunks precede it in that
-source, so an unchanged chunk keeps its id and is neither embedded nor written again, and a run over
-unchanged files writes nothing. Per file, the chunks that are new or whose payload changed (title,
-tags, position) are embedded and written first, and only once they are stored are the file's other
-chunks deleted. Why that order: neither embedded Qdrant nor the server has transactions (embedded
-storage even commits point by point), so a crash can stop anywhere; with writes before deletes it
-leaves every file as it was, or as it was plus some of its new chunks, never with chunks missing. A
-search in between may see both versions of one file. The next run compares the files with what is
-stored, writes what is missing and deletes what is stale: it ends exactly where a clean run would.
+source, so an unchanged chunk keeps its id. Only chunks with a new id, or whose embedded text (title,
+then chunk) changed, are embedded; a chunk whose other payload alone changed (its position, tags, a
+JSONL record's line or fields) keeps its vector and gets the new payload written, and a run over
+unchanged files writes nothing. Per file, new and changed chunks are written first, and only once
+they are stored are the file's other chunks deleted. Why that order: neither embedded Qdrant nor
+the server has transactions (embedded storage even commits point by point), so a crash can stop
+anywhere; with writes before deletes it leaves every file as it was, or as it was plus some of its
+new chunks, never with chunks missing. A search in between may see both versions of one file. The
+next run compares the files with what is stored, writes what is missing and deletes what is stale:
+it ends exactly where a clean run would.
 
-Sources are paths relative to the ingested directory (a file given directly: its name), the same on
-every machine. A file that can't be read is skipped and keeps whatever an earlier run stored; a file
-removed from disk keeps its chunks until its source is deleted (`gatehead ingest --delete SOURCE`).
+Sources are named by `sources.find_files` (a path relative to the root it was ingested from). A
+name belongs to one file of a collection: a run that would give a file the name another root's file
+still holds is refused before it writes anything; if that other file is gone from disk (the tree
+moved), the new one takes the name over. After the writes, chunks of files under a directory given
+that are no longer on disk are removed (`IngestConfig.prune`). A file that can't be read is skipped
+and keeps whatever an earlier run stored.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 import uuid
 from collections import Counter
@@ -29,11 +35,12 @@ from typing import Any
 
 from tqdm import tqdm
 
-from gatehead.retrieval.chunking import chunk_text
+from gatehead.retrieval.chunking import chunk_text, with_title
 from gatehead.retrieval.config import IngestConfig
 from gatehead.retrieval.embedder import Embedder
 from gatehead.retrieval.loaders import Document, Unreadable, load
-from gatehead.retrieval.store import Store
+from gatehead.retrieval.sources import SourceFile, find_files
+from gatehead.retrieval.store import Store, Stored
 
 _NAMESPACE = uuid.UUID("6f1c2a43-3d55-4b8e-9a63-0c2f4d6e8b17")  # fixed forever: ids must not change
 
@@ -53,24 +60,29 @@ class IngestReport:
     files: int = 0  # files read
     chunks: int = 0  # chunks in the files read
     added: int = 0
-    updated: int = 0  # same chunk text, new payload (title, tags, position): embedded and written again
-    removed: int = 0
+    updated: int = 0  # same chunk text, new payload (title, tags, position, metadata)
+    removed: int = 0  # chunks deleted: stale chunks of files read, and all chunks of `pruned` sources
+    embedded: int = 0  # chunks embedded: the added ones, and the updated ones whose title changed
     seconds: float = 0.0
     skipped: list[Skipped] = field(default_factory=list)
+    pruned: list[str] = field(default_factory=list)  # sources whose files are gone from disk
 
     @property
     def unchanged(self) -> int:
+        """Chunks of the files read that were already stored exactly so."""
         return self.chunks - self.added - self.updated
 
     @property
     def chunks_per_second(self) -> float:
         """Chunks embedded and written per second of the whole run."""
-        return (self.added + self.updated) / self.seconds if self.seconds else 0.0
+        return self.embedded / self.seconds if self.seconds else 0.0
 
     def summary(self) -> str:
+        """One line for people: what changed, and how fast."""
+        gone = f"; gone from disk: {', '.join(self.pruned)}" if self.pruned else ""
         return (f"{self.files} files, {len(self.skipped)} skipped; {self.chunks} chunks: {self.added} added, "
                 f"{self.updated} updated, {self.removed} removed, {self.unchanged} unchanged; "
-                f"{self.seconds:.1f} s ({self.chunks_per_second:.1f} chunks/s embedded and written)")
+                f"{self.embedded} embedded in {self.seconds:.1f} s ({self.chunks_per_second:.1f} chunks/s){gone}")
 
 
 @dataclass(frozen=True)
@@ -82,45 +94,78 @@ class Point:
     embed_text: str  # the title, then the chunk: a chunk deep in a document still says what it is about
 
 
-def find_files(paths: Sequence[str | Path]) -> list[tuple[Path, str]]:
-    """Every file under `paths` with its source name; hidden files and folders are left out."""
-    found: dict[str, Path] = {}
-    for root in map(Path, paths):
-        if root.is_dir():
-            files = [(p, p.relative_to(root).as_posix()) for p in sorted(root.rglob("*"))
-                     if not p.is_dir() and not any(part.startswith(".") for part in p.relative_to(root).parts)]
-        elif root.exists() or root.is_symlink():
-            files = [(root, root.name)]
-        else:
-            raise ValueError(f"{root} does not exist: give files or directories to ingest")
-        for path, source in files:
-            other = found.setdefault(source, path)
-            if other.absolute() != path.absolute():
-                raise ValueError(f"{other} and {path} would both be source {source!r} (a path relative to the "
-                                 f"directory given): ingest a directory that holds both, or ingest them into "
-                                 f"separate collections (--collection)")
-    return [(path, source) for source, path in found.items()]
-
-
 def point_id(source: str, text: str, occurrence: int = 0) -> str:
     """The id of the `occurrence`-th chunk with this text in `source`."""
     return str(uuid.uuid5(_NAMESPACE, f"{source}\x1f{occurrence}\x1f{text}"))
 
 
-def chunk_points(documents: Sequence[Document], embedder: Embedder, config: IngestConfig) -> list[Point]:
-    """The points of one file's documents."""
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def chunk_points(documents: Sequence[Document], embedder: Embedder, config: IngestConfig,
+                 root: str | None = None) -> list[Point]:
+    """The points of one file's documents; `root` is the directory their source is relative to."""
     seen: Counter[tuple[str, str]] = Counter()
     points = []
     for doc in documents:
         for index, text in enumerate(chunk_text(doc.text, embedder.tokenizer, config.chunk_tokens, config.overlap)):
-            payload = {"source": doc.source, "title": doc.title, "tags": list(doc.tags), "chunk_index": index,
-                       "text": text, "meta": dict(doc.meta)}
-            canonical = json.dumps(payload, sort_keys=True, ensure_ascii=False, default=str)
-            payload["fingerprint"] = hashlib.sha256(canonical.encode()).hexdigest()[:32]
-            points.append(Point(point_id(doc.source, text, seen[doc.source, text]), payload,
-                                f"{doc.title}\n{text}" if doc.title else text))
+            # the title shares the model's window with the chunk: past it, text is never embedded
+            embed_text = with_title(doc.title, text, embedder.tokenizer, embedder.max_tokens)
+            payload = {"source": doc.source, "root": root, "title": doc.title, "tags": list(doc.tags),
+                       "chunk_index": index, "text": text, "meta": dict(doc.meta), "line": doc.line,
+                       "embed_hash": _digest(embed_text)}
+            payload["fingerprint"] = _digest(json.dumps(payload, sort_keys=True, ensure_ascii=False, default=str))
+            points.append(Point(point_id(doc.source, text, seen[doc.source, text]), payload, embed_text))
             seen[doc.source, text] += 1
     return points
+
+
+def _check_names(files: Sequence[SourceFile], stored: dict[str, Stored], collection: str) -> None:
+    """Refuse a run that would give a file the name another file, still on disk, holds in the collection."""
+    held: dict[str, set[str]] = {}
+    for s in stored.values():
+        if s.path is not None:
+            held.setdefault(s.source, set()).add(s.path)
+    in_run = {f.location for f in files}
+    for f in files:
+        for other in sorted(held.get(f.source, set()) - in_run):
+            if os.path.lexists(other):
+                raise ValueError(
+                    f"{f.path} would be source {f.source!r}, which collection {collection!r} already holds from "
+                    f"{other}: ingest a directory that holds both ({os.path.commonpath([f.location, other])}) "
+                    f"so each keeps its own name, or ingest into another --collection")
+
+
+def _owned(files: Sequence[SourceFile], stored: dict[str, Stored]) -> dict[str, dict[str, Stored]]:
+    """The stored chunks each file of the run replaces, by source: those of its name, then of its path.
+
+    A chunk of its path under another name is what a directory given over a recorded root renames.
+    A chunk's id holds its name, so only the file of that name can ever write it again.
+    """
+    owned: dict[str, dict[str, Stored]] = {f.source: {} for f in files}
+    by_location = {f.location: f.source for f in files}
+    for i, s in stored.items():
+        if s.source in owned:
+            owned[s.source][i] = s
+        elif s.path in by_location:
+            owned[by_location[s.path]][i] = s
+    return owned
+
+
+def _gone(paths: Sequence[str | Path], stored: dict[str, Stored], owned: dict[str, dict[str, Stored]]
+          ) -> dict[str, list[str]]:
+    """Chunk ids by source of the files under the directories in `paths` that are no longer on disk."""
+    dirs = [Path(p).resolve() for p in paths if Path(p).is_dir()]
+    kept = {i for ids in owned.values() for i in ids}
+    exists: dict[str, bool] = {}
+    gone: dict[str, list[str]] = {}
+    for i, s in stored.items():
+        if i in kept or s.path is None or not any(Path(s.path).is_relative_to(d) for d in dirs):
+            continue
+        if not exists.setdefault(s.path, os.path.lexists(s.path)):
+            gone.setdefault(s.source, []).append(i)
+    return gone
 
 
 class _Writer:
@@ -132,9 +177,10 @@ class _Writer:
         self.deletes: list[tuple[int, list[str]]] = []  # (points queued up to that file's last, its stale ids)
         self.queued = self.written = 0
 
-    def add(self, points: list[Point], stale: list[str]) -> None:
-        self.queue += points
-        self.queued += len(points)
+    def add(self, embed: list[Point], repayload: list[Point], stale: list[str]) -> None:
+        self.store.set_payloads({p.id: p.payload for p in repayload})  # no vector to wait for: now
+        self.queue += embed
+        self.queued += len(embed)
         self.deletes.append((self.queued, stale))
         while len(self.queue) >= self.batch_size:
             self._write()
@@ -167,28 +213,38 @@ def ingest(paths: Sequence[str | Path], store: Store, config: IngestConfig | Non
     if config.chunk_tokens > embedder.max_tokens:
         raise ValueError(f"chunk_tokens={config.chunk_tokens} exceeds the {embedder.max_tokens} tokens that "
                          f"{embedder.name} reads at once: lower it")
-    files = find_files(paths)
-    stored = store.fingerprints()
+    stored = store.stored()
+    files = find_files(paths, {s.root for s in stored.values() if s.root})
+    _check_names(files, stored, store.name)
+    owned = _owned(files, stored)
     report = IngestReport()
     writer = _Writer(store, config.batch_size)
     # disable=None: tqdm draws the bar on a terminal only, so logs and pipes stay clean
-    for path, source in tqdm(files, desc="ingest", unit="file", disable=None if config.progress else True):
+    for file in tqdm(files, desc="ingest", unit="file", disable=None if config.progress else True):
         try:
-            documents = load(path, source)
+            documents = load(file.path, file.source)
         except Unreadable as e:
-            report.skipped.append(Skipped(str(path), str(e)))
+            report.skipped.append(Skipped(str(file.path), str(e)))
             continue
-        points = chunk_points(documents, embedder, config)
-        old = stored.get(source, {})
-        fresh = [p for p in points if old.get(p.id) != p.payload["fingerprint"]]
+        points = chunk_points(documents, embedder, config, file.root)
+        old = owned[file.source]
+        embed = [p for p in points if p.id not in old or old[p.id].embed_hash != p.payload["embed_hash"]]
+        repayload = [p for p in points if p.id in old and old[p.id].embed_hash == p.payload["embed_hash"]
+                     and old[p.id].fingerprint != p.payload["fingerprint"]]
         keep = {p.id for p in points}
         stale = [i for i in old if i not in keep]
         report.files += 1
         report.chunks += len(points)
-        report.added += sum(p.id not in old for p in fresh)
-        report.updated += sum(p.id in old for p in fresh)
+        report.added += sum(p.id not in old for p in embed)
+        report.updated += sum(p.id in old for p in embed) + len(repayload)
+        report.embedded += len(embed)
         report.removed += len(stale)
-        writer.add(fresh, stale)
+        writer.add(embed, repayload, stale)
     writer.flush()
+    if config.prune:
+        gone = _gone(paths, stored, owned)
+        store.delete_ids([i for ids in gone.values() for i in ids])
+        report.pruned = sorted(gone)
+        report.removed += sum(map(len, gone.values()))
     report.seconds = time.perf_counter() - start
     return report

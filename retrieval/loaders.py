@@ -4,7 +4,8 @@ Markdown: the title is the first line's `# ` heading (else the file name), optio
 `Tags: a, b` line; YAML-style front matter with `title:` and `tags:` works too. Both are taken out
 of the text. HTML: visible text (menus left out), headings written as `#` lines so chunking can break on them.
 PDF: the text layer of every page, through pypdf (scans without one have no text). JSONL: one
-document per line, `text` plus optional `title` and `tags`; other fields are kept as metadata.
+document per line, `text` plus optional `title` and `tags`; other fields are kept as metadata (`meta`),
+as they are, and the line number apart from them (`line`).
 A file that can't be read raises `Unreadable` with the reason; nothing here decides what to skip.
 """
 
@@ -26,7 +27,8 @@ class Document:
     source: str  # the unit that ingestion replaces and deletes: a path relative to the ingested root
     title: str = ""
     tags: tuple[str, ...] = ()
-    meta: Mapping[str, Any] = field(default_factory=dict)
+    meta: Mapping[str, Any] = field(default_factory=dict)  # a JSONL record's other fields, as they are
+    line: int | None = None  # the JSONL record's line number: apart from `meta`, which may hold a "line" of its own
 
 
 class Unreadable(Exception):
@@ -132,7 +134,7 @@ def _jsonl(path: Path, source: str) -> list[Document]:
             raise Unreadable(f"line {number}: expected an object with a 'text' string")
         meta = {k: v for k, v in record.items() if k not in ("text", "title", "tags")}
         documents.append(Document(record["text"].strip(), source, str(record.get("title") or ""),
-                                  _tags(record.get("tags", [])), {**meta, "line": number}))
+                                  _tags(record.get("tags", [])), meta, number))
     return documents
 
 

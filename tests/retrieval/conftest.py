@@ -1,7 +1,8 @@
-"""A corpus writer for retrieval tests (the session's embedder is in tests/conftest.py)."""
+"""Fixtures for retrieval tests: a corpus writer and the `gatehead` command (the embedder is in tests/conftest.py)."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -21,3 +22,9 @@ def write_corpus(tmp_path: Path) -> Callable[[dict[str, str | bytes], str], Path
         return root
 
     return write
+
+
+@pytest.fixture(scope="session")
+def gatehead_cli() -> str:
+    """The `gatehead` command installed next to the running Python."""
+    return str(Path(sys.executable).parent / "gatehead")

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from gatehead.retrieval.chunking import chunk_text
+from gatehead.retrieval.chunking import chunk_text, with_title
 from gatehead.retrieval.embedder import Embedder
 
 
@@ -56,6 +56,29 @@ def test_a_heading_is_never_the_last_line_of_a_chunk(embedder: Embedder) -> None
     chunks = chunk_text(text, embedder.tokenizer, max_tokens=45, overlap=0)
     assert len(chunks) >= 2 and not any(c.endswith("## Heading") for c in chunks)
     assert any(c.startswith("## Heading\n") for c in chunks)
+
+
+def test_comments_in_code_blocks_are_not_headings(embedder: Embedder) -> None:
+    def manual(comment: str) -> str:
+        steps = "\n".join(f"{comment} step {i}: fetch the package\npip install package-{i}" for i in range(8))
+        return (f"## Install\n{sentences('install', 2)}\n\n```sh\n{steps}\n```\n\n    {comment} indented code\n\n"
+                f"~~~\n{steps}\n~~~\n\n## Use\n{sentences('use', 2)}")
+
+    # a `#` comment in code is cut like any other line of code (`;` here), not as the start of a section
+    commented = chunk_text(manual("#"), embedder.tokenizer, max_tokens=64, overlap=8)
+    assert commented == [c.replace("; ", "# ") for c in chunk_text(manual(";"), embedder.tokenizer, 64, 8)]
+    assert len(commented) >= 4 and commented[-1].startswith("## Use")
+
+
+def test_a_title_gives_way_to_its_chunk_in_the_window(embedder: Embedder) -> None:
+    chunk = sentences("valve", 3)  # ~45 tokens
+    assert with_title("Valves", chunk, embedder.tokenizer, 60) == f"Valves\n{chunk}"
+    title = "The complete and unabridged handbook of valves, seals and gaskets"
+    fitted = with_title(title, chunk, embedder.tokenizer, 52)
+    assert n_tokens(embedder, fitted) <= 52 and fitted.endswith(f"\n{chunk}")
+    assert title.startswith(fitted.split("\n")[0]) and len(fitted.split("\n")[0]) < len(title)
+    assert with_title(title, chunk, embedder.tokenizer, n_tokens(embedder, chunk)) == chunk
+    assert with_title("", chunk, embedder.tokenizer, 60) == chunk
 
 
 def test_text_without_any_break_is_cut_at_tokens(embedder: Embedder) -> None:

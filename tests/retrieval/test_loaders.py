@@ -71,11 +71,12 @@ def test_pdf_text_of_every_page(tmp_path: Path) -> None:
 
 def test_jsonl_records_keep_their_metadata(tmp_path: Path) -> None:
     lines = [json.dumps({"text": "Batteries last 500 cycles.", "title": "Battery", "tags": ["power"],
-                         "url": "https://example.com/battery"}), "", json.dumps({"text": "Second."})]
+                         "url": "https://example.com/battery"}), "", json.dumps({"text": "Second.", "line": "L-7"})]
     first, second = load(write(tmp_path / "faq.jsonl", "\n".join(lines)), "faq.jsonl")
     assert first == Document("Batteries last 500 cycles.", "faq.jsonl", "Battery", ("power",),
-                             {"url": "https://example.com/battery", "line": 1})
-    assert second.meta == {"line": 3} and second.title == ""
+                             {"url": "https://example.com/battery"}, line=1)
+    # the record's own fields stay as they are, a "line" of its own too: the line number is kept apart
+    assert (second.meta, second.line, second.title) == ({"line": "L-7"}, 3, "")
     with pytest.raises(Unreadable, match="line 2: expected an object with a 'text' string"):
         load(write(tmp_path / "bad.jsonl", lines[0] + "\n" + json.dumps({"body": "x"})), "bad.jsonl")
     with pytest.raises(Unreadable, match="line 1: not valid JSON"):

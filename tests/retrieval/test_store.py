@@ -1,4 +1,4 @@
-"""The Qdrant store on real embedded storage: search, filters, dedup, embedder identity, and the lock."""
+"""The Qdrant store on real embedded storage: search, filters, dedup, metadata, embedder identity, and the lock."""
 
 from __future__ import annotations
 
@@ -15,9 +15,8 @@ from gatehead.retrieval.config import EmbedderConfig, IngestConfig, StoreConfig
 from gatehead.retrieval.embedder import Embedder
 from gatehead.retrieval.ingest import chunk_points
 from gatehead.retrieval.loaders import Document
-from gatehead.retrieval.store import EmbedderMismatch, Store, StoreLocked
+from gatehead.retrieval.store import LOCK_FILE, EmbedderMismatch, Store, StoreLocked
 
-GATEHEAD = str(Path(sys.executable).parent / "gatehead")
 DOCS = [
     Document("The warranty covers defects for two years from the date of purchase.", "warranty.md", "Warranty",
              ("support",)),
@@ -57,12 +56,46 @@ def test_search_ranks_filters_and_converts_to_passages(store: Store) -> None:
     assert len(store.search("How long is the warranty?", top_k=1)) == 1
 
 
+def test_filters_combine_and_an_empty_list_matches_nothing(store: Store) -> None:
+    assert [h.source for h in store.search("warranty", sources=["warranty.md", "router.md", "battery.md"],
+                                           tags=["support"])] == ["warranty.md", "battery.md"]
+    assert store.search("warranty", sources=["router.md"], tags=["support"]) == []
+    # an empty list is "none of these", not "no filter": a caller that narrowed its sources to none gets none
+    assert store.search("warranty", sources=[]) == [] and store.search("warranty", tags=[]) == []
+    assert store.count([]) == 0 and store.count() == 4
+
+
 def test_dedup_drops_near_identical_chunks(store: Store) -> None:
     deduped = [h.source for h in store.search("How long is the warranty?", top_k=3)]
     # one copy of the warranty text gives way to the next distinct chunk
     assert deduped[0] in ("warranty.md", "copy/warranty.md") and deduped[1:] == ["battery.md", "router.md"]
     with pytest.raises(ValueError, match="dedup is a cosine similarity"):
         store.search("warranty", dedup=1.5)
+
+
+def test_dedup_still_fills_top_k_past_many_copies(store: Store) -> None:
+    copies = [Document(DOCS[0].text, f"mirror/{i}.md", "Warranty") for i in range(12)]
+    fill(store, copies)  # 14 copies of the warranty text rank above everything else
+    hits = store.search("How long is the warranty?", top_k=3)
+    assert len(hits) == 3 and [h.source for h in hits[1:]] == ["battery.md", "router.md"]
+    assert hits[0].text == DOCS[0].text and len({h.id for h in hits}) == 3
+
+
+def test_a_score_threshold_and_dedup_together(store: Store) -> None:
+    # both warranty copies pass 0.5 and nothing else does; dedup keeps one, and the search ends there
+    hits = store.search("How long is the warranty?", top_k=5, score_threshold=0.5)
+    assert len(hits) == 1 and hits[0].source in ("warranty.md", "copy/warranty.md") and hits[0].score > 0.5
+    assert len(store.search("How long is the warranty?", top_k=5, score_threshold=0.5, dedup=None)) == 2
+    assert store.search("How long is the warranty?", top_k=5, score_threshold=0.99) == []
+
+
+def test_hits_carry_record_metadata(store: Store) -> None:
+    record = Document("Order status is on the account page.", "faq.jsonl", "Orders", ("faq",),
+                      {"url": "https://example.com/orders", "line": "L7"}, line=3)
+    fill(store, [record])
+    (hit,) = store.search("Where do I see my order status?", top_k=1, sources=["faq.jsonl"])
+    assert hit.meta == {"url": "https://example.com/orders", "line": "L7"} and hit.line == 3
+    assert store.search("warranty", top_k=1)[0].meta == {} and store.search("warranty", top_k=1)[0].line is None
 
 
 def test_storage_persists_and_deletes_by_source(tmp_path: Path, embedder: Embedder, store: Store) -> None:
@@ -116,8 +149,9 @@ def test_a_collection_filled_by_other_weights_is_refused(tmp_path: Path, embedde
         Store(StoreConfig(path=tmp_path / "qdrant"), other)
 
 
-def test_a_second_process_on_embedded_storage_is_told_to_use_a_server(tmp_path: Path, store: Store) -> None:
-    args = [GATEHEAD, "ingest", "--delete", "router.md", "--store", str(tmp_path / "qdrant")]
+def test_a_second_process_on_embedded_storage_is_told_to_use_a_server(tmp_path: Path, store: Store,
+                                                                     gatehead_cli: str) -> None:
+    args = [gatehead_cli, "ingest", "--delete", "router.md", "--store", str(tmp_path / "qdrant")]
     locked = subprocess.run(args, capture_output=True, text=True, timeout=120)
     assert locked.returncode == 2
     assert "is open in another process" in locked.stderr and "--url" in locked.stderr
@@ -126,6 +160,33 @@ def test_a_second_process_on_embedded_storage_is_told_to_use_a_server(tmp_path: 
     store.close()
     freed = subprocess.run(args, capture_output=True, text=True, timeout=120)
     assert freed.returncode == 0 and freed.stdout.strip() == "deleted router.md: 1 chunks", freed.stderr
+
+
+HOLD_LOCK = """
+import fcntl, sys, time
+handle = open(sys.argv[1], "ab")
+fcntl.flock(handle, fcntl.LOCK_EX)
+print("locked", flush=True)
+sys.stdin.read()  # until the test closes our stdin
+"""
+
+
+def test_the_lock_is_taken_before_qdrant_opens_the_storage(tmp_path: Path, store: Store) -> None:
+    store.close()
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(tmp_path / "qdrant" / LOCK_FILE)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        fresh = Embedder(EmbedderConfig(device="cpu"))
+        # gatehead's own lock refuses the second opener, before the storage is read or a model is loaded
+        with pytest.raises(StoreLocked, match="is open in another process.*--url"):
+            Store(StoreConfig(path=tmp_path / "qdrant"), fresh)
+        assert "model" not in vars(fresh)
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=30)
+    with Store(StoreConfig(path=tmp_path / "qdrant")) as reopened:  # released with the holder
+        assert reopened.count() == 4
 
 
 def test_an_unreachable_server_is_named(embedder: Embedder) -> None:
