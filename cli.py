@@ -95,16 +95,65 @@ def _thresholds(args: argparse.Namespace):
     return Thresholds.from_dict(given) if given else None
 
 
-def _reference_gate(args: argparse.Namespace) -> int:
-    from gatehead.gate.prompt import Passage
-    from gatehead.runtime.reference import HFReference
+def _engine(args: argparse.Namespace, gate: bool = True):
+    """A shared engine on the chosen (or default) model and adapter, eager, with a small KV pool."""
+    from gatehead.runtime.engine import EngineConfig, SharedEngine
 
     locations = model_locations()
-    reference = HFReference(args.model or locations["model"], args.adapter or locations["adapter"], args.dtype)
+    return SharedEngine(EngineConfig(model=args.model or locations["model"],
+                                     adapter=(args.adapter or locations["adapter"]) if gate else None,
+                                     enforce_eager=not args.compile, kv_cache_memory_bytes=args.kv_mb << 20,
+                                     max_model_len=args.max_model_len))
+
+
+def _gate(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from gatehead.gate.prompt import Passage
+
+    passages = [Passage(text=d) for d in args.doc]
     thresholds = _thresholds(args)
-    result = reference.gate(args.question, [Passage(text=d) for d in args.doc], thresholds=thresholds)
+    if args.engine == "hf":
+        from gatehead.runtime.reference import HFReference
+
+        locations = model_locations()
+        reference = HFReference(args.model or locations["model"], args.adapter or locations["adapter"], args.dtype)
+        result = reference.gate(args.question, passages, thresholds=thresholds)
+    else:
+        engine = _engine(args)
+        try:
+            result = asyncio.run(engine.gate(args.question, passages, thresholds=thresholds)).result
+        finally:
+            engine.shutdown()
     print(json.dumps({"decision": result.decision, "probs": result.probs,
                       "thresholds": result.thresholds.to_dict()}, indent=2))
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    import asyncio
+
+    engine = _engine(args, gate=not args.no_gate)
+    try:
+        if args.raw:
+            prompts = list(args.prompt)
+        else:  # a user turn in the model's own chat template, special-token parsing off for the text
+            from gatehead.gate.prompt import encode_untrusted
+
+            prompts = []
+            for text in args.prompt:
+                chat = [{"role": "user", "content": "\x00"}]
+                markup = engine.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+                head, tail = markup.split("\x00")
+                encode = engine.tokenizer.encode
+                prompts.append(encode(head, add_special_tokens=False) + encode_untrusted(engine.tokenizer, text)
+                               + encode(tail, add_special_tokens=False))
+        outputs = asyncio.run(engine.generate_many(prompts, max_tokens=args.max_tokens, temperature=args.temperature))
+    finally:
+        engine.shutdown()
+    for output in outputs:
+        print(json.dumps({"text": output.text, "tokens": len(output.token_ids), "finish_reason": output.finish_reason})
+              if args.json else output.text)
     return 0
 
 
@@ -234,7 +283,8 @@ async def _demo_turn(engine, store, question: str) -> None:
         passages = [hit.to_passage() for hit in store.search(question, top_k=3)]
         outcome = await engine.gate(question, passages)
         probs = "  ".join(f"{k}={v:.3f}" for k, v in outcome.result.probs.items())
-        print(f"  retrieved: {', '.join(p.source for p in passages)}\n  gate:      {outcome.result.decision:<7} ({probs})")
+        print(f"  retrieved: {', '.join(p.source for p in passages)}")
+        print(f"  gate:      {outcome.result.decision:<7} ({probs})")
         if outcome.result.decision == "answer":
             answer = await engine.generate(outcome.prompt.answer, max_tokens=32)
             print(f"  answer:    {answer.text}\n             ({answer.num_cached_tokens} of "
@@ -250,6 +300,14 @@ async def _demo_turn(engine, store, question: str) -> None:
         print(f"  rewritten: {question}")
 
 
+def _model_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="base model directory (default: GATEHEAD_MODEL, else the demo model)")
+    p.add_argument("--adapter", help="gate adapter directory (default: GATEHEAD_ADAPTER, else the demo's)")
+    p.add_argument("--compile", action="store_true", help="vLLM's compile mode (slower start) instead of eager")
+    p.add_argument("--kv-mb", type=int, default=256, help="KV-cache memory in MiB (default: 256)")
+    p.add_argument("--max-model-len", type=int, help="context window (default: the model's)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gatehead", description=gatehead.__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"gatehead {gatehead.__version__}")
@@ -258,15 +316,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.set_defaults(func=_print_info)
 
-    p = commands.add_parser("gate", help="gate one question over documents with the HF reference")
+    p = commands.add_parser("gate", help="gate one question over documents (shared vLLM engine, or the HF reference)")
     p.add_argument("--question", required=True)
     p.add_argument("--doc", action="append", default=[], help="a document's text (repeatable)")
-    p.add_argument("--model", help="base model directory (default: GATEHEAD_MODEL, else the demo model)")
-    p.add_argument("--adapter", help="gate adapter directory (default: GATEHEAD_ADAPTER, else the demo's)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    _model_arguments(p)
+    p.add_argument("--engine", choices=["vllm", "hf"], default="vllm",
+                   help="vllm: gatehead's shared engine (default); hf: the transformers reference")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="the HF reference's dtype")
     p.add_argument("--t-answer", type=float, help="answer threshold (default: the adapter's)")
     p.add_argument("--t-refuse", type=float, help="refuse threshold (default: the adapter's)")
-    p.set_defaults(func=_reference_gate)
+    p.set_defaults(func=_gate)
+
+    p = commands.add_parser("generate", help="generate completions on the shared engine")
+    p.add_argument("prompt", nargs="+", help="prompts, sent together (each a user turn unless --raw)")
+    _model_arguments(p)
+    p.add_argument("--no-gate", action="store_true", help="start stock vLLM on the base model (no adapter)")
+    p.add_argument("--raw", action="store_true", help="send each prompt as is (chat markup in it is parsed)")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--json", action="store_true", help="one JSON object per completion")
+    p.set_defaults(func=_generate)
 
     p = commands.add_parser("export-dedicated", help="merge the gate into an HF classifier for stock vLLM")
     p.add_argument("out", type=Path)
@@ -337,6 +406,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # stdout carries results (JSON for `gate`, completions for `generate`); vLLM logs to stdout by default.
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
     try:
         return args.func(args)
     except ValueError as e:  # bad input or config: the message names the fix

@@ -125,6 +125,7 @@ class SharedEngine:
         if overrides:
             args["hf_overrides"] = overrides
             args["worker_extension_cls"] = "gatehead.runtime.plugin.WorkerExtension"
+            args["logits_processors"] = ["gatehead.runtime.admission:GateAdmission"]
         if config.kv_cache_memory_bytes is not None:
             args["kv_cache_memory_bytes"] = config.kv_cache_memory_bytes
         else:

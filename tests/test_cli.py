@@ -33,15 +33,26 @@ def test_info_reports_versions_device_and_model_locations(tmp_path: Path) -> Non
     assert "transformers" in text and str(tmp_path / "m") in text
 
 
-def test_gate_prints_probabilities_and_decision(tiny: TinyModel) -> None:
+def test_gate_on_the_engine_and_the_reference_print_the_same_decision(tiny: TinyModel) -> None:
     args = ["gate", "--model", str(tiny.model_dir), "--adapter", str(tiny.adapter_dir),
             "--question", "How long is the warranty?", "--doc", "Two years."]
-    result = run(*args)
-    assert result.returncode == 0, result.stderr
-    out = json.loads(result.stdout)
+    engine, reference = run(*args), run(*args, "--engine", "hf")
+    assert engine.returncode == 0 and reference.returncode == 0, engine.stderr[-2000:] + reference.stderr[-2000:]
+    out, ref = json.loads(engine.stdout), json.loads(reference.stdout)
     assert set(out["probs"]) == {"answer", "refuse", "search"} and out["decision"] in out["probs"]
-    forced = json.loads(run(*args, "--t-answer", "0", "--t-refuse", "0").stdout)
-    assert forced["decision"] == "answer" and forced["probs"] == out["probs"]
+    assert max(abs(out["probs"][k] - ref["probs"][k]) for k in out["probs"]) < 0.05  # bf16 engine vs fp32
+    forced = json.loads(run(*args, "--engine", "hf", "--t-answer", "0", "--t-refuse", "0").stdout)
+    assert forced["decision"] == "answer" and forced["probs"] == ref["probs"]
+
+
+def test_generate_prints_completions_the_gate_leaves_unchanged(tiny: TinyModel) -> None:
+    args = ["generate", "--model", str(tiny.model_dir), "--adapter", str(tiny.adapter_dir), "--max-tokens", "6",
+            "--json", "How long is the warranty?", "Reset the router"]
+    gated, stock = run(*args), run(*args, "--no-gate")
+    assert gated.returncode == 0 and stock.returncode == 0, gated.stderr[-2000:] + stock.stderr[-2000:]
+    lines = [json.loads(line) for line in gated.stdout.splitlines()]
+    assert len(lines) == 2 and all(0 < line["tokens"] <= 6 for line in lines)
+    assert gated.stdout == stock.stdout  # the same base model, with and without the gate branch
 
 
 def test_bad_input_exits_2_with_the_fix(tiny: TinyModel, tiny_other: TinyModel) -> None:

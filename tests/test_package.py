@@ -48,7 +48,8 @@ def test_editable_install_maps_the_repo_root_to_gatehead() -> None:
 
 
 # The modules vLLM loads inside its engine processes: they are torch and vLLM code by nature.
-ENGINE_SIDE = {"gatehead.runtime.gated", "gatehead.runtime.branch", "gatehead.runtime.tap"}
+ENGINE_SIDE = {"gatehead.runtime.gated", "gatehead.runtime.branch", "gatehead.runtime.tap",
+               "gatehead.runtime.admission"}
 
 
 def test_nothing_heavy_is_imported_at_import_time() -> None:

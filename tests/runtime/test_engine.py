@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import uuid
 
 import numpy as np
@@ -112,19 +113,6 @@ def test_worker_routes_on_metadata_and_suffix_together(shared_eager: SharedEngin
     assert loop.run(shared_eager.gate("How long is the warranty?", DOCS)).result  # the engine is still fine
 
 
-def test_gate_error_when_rows_are_incomplete(shared_eager: SharedEngine, loop) -> None:
-    """A gate request that read the prefix cache cannot be computed: an error, not a guess."""
-    from vllm import SamplingParams
-
-    prompt = shared_eager.prompts.build("Is the laptop covered?", DOCS)
-    loop.run(shared_eager.gate_prompt(prompt.gate))  # its blocks are now cached
-    params = SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=list(shared_eager.action_ids),
-                            skip_reading_prefix_cache=False, detokenize=False, extra_args={GATE_FLAG: "gate"})
-    out = loop.run(raw_request(shared_eager, prompt.gate, params))
-    assert out.num_cached_tokens > 0
-    assert all(math.isnan(lp.logprob) for t, lp in out.outputs[0].logprobs[0].items() if t in shared_eager.action_ids)
-
-
 def test_plugin_memory_is_itemised_and_kv_capacity_within_one_percent(
         shared_eager: SharedEngine, stock_eager: SharedEngine, loop, tiny: TinyModel) -> None:
     memory = loop.run(shared_eager.plugin_memory())
@@ -226,3 +214,58 @@ def test_stats_count_requests_kv_and_branch_time(shared_eager: SharedEngine, sto
     assert after["branch_steps"] > before["branch_steps"] and after["branch_seconds"] > before["branch_seconds"]
     assert 0 < after["branch_ms_per_step"] <= after["branch_ms_max"]
     assert "branch_steps" not in loop.run(stock_eager.stats())  # no branch, no branch figures
+
+
+@pytest.mark.parametrize("unsupported, reason", [
+    ({"n": 2}, "n > 1"),
+    ({"structured_outputs": "regex"}, "structured output"),
+    ({"prompt_logprobs": 1}, "prompt logprobs"),
+    ({"max_tokens": 4}, "max_tokens other than 1"),
+    ({"skip_reading_prefix_cache": False}, "reading the prefix cache"),
+])
+def test_raw_vllm_gate_requests_the_branch_cannot_serve_are_refused(shared_eager: SharedEngine, loop,
+                                                                    unsupported: dict, reason: str) -> None:
+    from vllm import SamplingParams
+    from vllm.exceptions import VLLMValidationError
+    from vllm.sampling_params import StructuredOutputsParams
+
+    settings = dict(max_tokens=1, logprob_token_ids=list(shared_eager.action_ids), skip_reading_prefix_cache=True,
+                    extra_args={"gatehead": "gate"})
+    settings.update(unsupported)
+    if settings.get("structured_outputs") == "regex":
+        settings["structured_outputs"] = StructuredOutputsParams(regex="[a-z]+")
+    prompt = shared_eager.prompts.build("How long is the warranty?", DOCS).gate
+
+    async def raw():
+        async for out in shared_eager.llm.generate({"prompt_token_ids": list(prompt)}, SamplingParams(**settings),
+                                                   request_id=f"raw-{reason}"):
+            return out
+
+    with pytest.raises(VLLMValidationError, match=re.escape(reason)):  # what vLLM's servers turn into HTTP 400
+        loop.run(raw())
+    assert loop.run(shared_eager.gate_prompt(prompt)).result.decision in ("answer", "refuse", "search")
+
+
+def test_reserved_tokens_never_reach_generated_text(shared_eager: SharedEngine, stock_eager: SharedEngine,
+                                                    loop) -> None:
+    from vllm import SamplingParams
+    from vllm.exceptions import VLLMValidationError
+
+    reserved = set(shared_eager.action_ids) | {shared_eager.suffix_ids[-1]}
+    prompt = shared_eager.prompts.build("How do I reset the router?", DOCS).answer
+
+    async def raw(engine: SharedEngine, name: str, **settings):
+        params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True,
+                                logit_bias={t: 100.0 for t in reserved}, **settings)  # pushes generation to them
+        async for out in engine.llm.generate({"prompt_token_ids": list(prompt)}, params, request_id=name):
+            final = out
+        return final.outputs[0]
+
+    printed = loop.run(raw(stock_eager, "bias-stock", skip_special_tokens=False))
+    assert any(t in printed.text for t in shared_eager.adapter.spec.action_tokens), "stock prints them when asked"
+    shared = loop.run(raw(shared_eager, "bias-shared"))
+    assert reserved & set(shared.token_ids), "the model was made to emit them (generation is left unchanged)"
+    spec = shared_eager.adapter.spec
+    assert not any(t in shared.text for t in [*spec.action_tokens, spec.suffix])
+    with pytest.raises(VLLMValidationError, match="leave skip_special_tokens=True"):
+        loop.run(raw(shared_eager, "bias-printed", skip_special_tokens=False))
