@@ -41,6 +41,14 @@ def _read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
+def held_out_examples(splits: Sequence[str] = ("test", "val")) -> list:
+    """The labelled held-out questions with their retrieved documents, as gate `Example`s, test first."""
+    from gatehead.gate.data import parse_example
+
+    return [parse_example(row, f"{split}:{i}") for split in splits
+            for i, row in enumerate(_read_jsonl(DATA_DIR / f"{split}.jsonl"), 1)]
+
+
 def generate(corpus_dir: Path = CORPUS_DIR, questions_path: Path = QUESTIONS) -> dict:
     from gatehead.demo.kb import build_kb
     from gatehead.demo.questions import build_questions

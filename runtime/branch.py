@@ -6,8 +6,14 @@ their weight tensors by reference: no second copy of k layers. LoRA is applied u
 is why the branch needs every tapped row of the prompt. The last layer computes only the last
 token's row, the one the head reads. The head runs in fp32, as vLLM's pooling classifier does.
 
-It runs eagerly, outside vLLM's compiled graph, on gate requests only. Tensor parallelism is not
-handled here yet.
+It runs eagerly, outside vLLM's compiled graph, on gate requests only.
+
+Tensor parallelism: the base modules are already sharded, so each rank's branch holds the LoRA
+slices that match them. Column-parallel projections (q/k/v, gate/up) take the rows of B for the
+rank's output slice (K/V follow vLLM's head replication when there are fewer KV heads than ranks);
+row-parallel ones (o, down) take the columns of A for the rank's input slice, and the small
+[tokens, r] product is all-reduced before B, as the base all-reduces its own output. Every rank
+then holds the same residual stream, and the head runs on it unsharded.
 """
 
 from __future__ import annotations
@@ -27,6 +33,15 @@ QKV = ("q_proj", "k_proj", "v_proj")
 GATE_UP = ("gate_proj", "up_proj")
 
 
+def _tensor_parallel() -> tuple[int, int]:
+    """(size, rank) of the tensor-parallel group; (1, 0) outside an initialised vLLM worker."""
+    from vllm.distributed import parallel_state
+
+    if not parallel_state.model_parallel_is_initialized():
+        return 1, 0
+    return parallel_state.get_tensor_model_parallel_world_size(), parallel_state.get_tensor_model_parallel_rank()
+
+
 class GateBranch(nn.Module):
     """Runs the gate model's last k layers and head on one request's tapped rows."""
 
@@ -39,6 +54,7 @@ class GateBranch(nn.Module):
         self.first_layer = adapter.branch_layer
         self.scaling = adapter.scaling
         self.lora_names: dict[tuple[int, str], tuple[str, str]] = {}
+        self.tp_size, self.tp_rank = _tensor_parallel()
         weights = load_file(Path(adapter.path) / ADAPTER_WEIGHTS, device=str(device))
         for key, tensor in weights.items():
             match = _LORA_KEY.search(key)
@@ -46,18 +62,37 @@ class GateBranch(nn.Module):
                 continue
             layer, module, ab = int(match.group(1)), match.group(2), match.group(3)
             name = f"lora_{layer}_{module}_{ab}"
-            self.register_buffer(name, tensor.to(dtype), persistent=False)
+            attn = self.layers[layer - self.first_layer].self_attn
+            self.register_buffer(name, self._shard(module, ab, tensor, attn).to(dtype).contiguous(), persistent=False)
             a_name, b_name = self.lora_names.get((layer, module), ("", ""))
             self.lora_names[(layer, module)] = (name, b_name) if ab == "A" else (a_name, name)
         head = next(t for k, t in weights.items() if k.endswith("score.weight"))
         self.register_buffer("head", head.float(), persistent=False)  # [3, hidden], fp32
 
-    def _lora(self, layer: int, module: str, x: torch.Tensor) -> torch.Tensor | None:
+    def _shard(self, module: str, ab: str, tensor: torch.Tensor, attn: nn.Module) -> torch.Tensor:
+        """This rank's slice of a LoRA matrix (A: [r, in], B: [out, r]), matching the base module's shard."""
+        if self.tp_size == 1:
+            return tensor
+        if module in ("o_proj", "down_proj"):  # row-parallel: the input is split
+            return tensor.chunk(self.tp_size, dim=1)[self.tp_rank] if ab == "A" else tensor
+        if ab == "A":  # column-parallel: A sees the whole input
+            return tensor
+        if module in ("k_proj", "v_proj"):  # KV heads: split, or replicated when fewer than ranks
+            replicas = max(1, self.tp_size // (tensor.shape[0] // attn.head_dim))
+            return tensor.chunk(self.tp_size // replicas, dim=0)[self.tp_rank // replicas]
+        return tensor.chunk(self.tp_size, dim=0)[self.tp_rank]
+
+    def _lora(self, layer: int, module: str, x: torch.Tensor, reduce: bool = False) -> torch.Tensor | None:
         names = self.lora_names.get((layer, module))
         if names is None:
             return None
         a, b = getattr(self, names[0]), getattr(self, names[1])
-        return (x @ a.T) @ b.T * self.scaling
+        xa = x @ a.T  # [L, r]; a partial sum over this rank's input slice when `reduce`
+        if reduce and self.tp_size > 1:
+            from vllm.distributed import tensor_model_parallel_all_reduce
+
+            xa = tensor_model_parallel_all_reduce(xa)
+        return xa @ b.T * self.scaling
 
     def _add_lora(self, layer: int, modules: tuple[str, ...], x: torch.Tensor, out: torch.Tensor,
                   sizes: list[int]) -> torch.Tensor:
@@ -111,7 +146,7 @@ class GateBranch(nn.Module):
                                              is_causal=not last_only, scale=attn.scaling, enable_gqa=True)
         out = out[0].transpose(0, 1).reshape(q.shape[1], attn.q_size)  # [Lq, H*D]
         o, _ = attn.o_proj(out)
-        delta = self._lora(index, "o_proj", out)
+        delta = self._lora(index, "o_proj", out, reduce=True)
         return o if delta is None else o + delta
 
     def _mlp(self, index: int, mlp: nn.Module, h: torch.Tensor) -> torch.Tensor:
@@ -120,7 +155,7 @@ class GateBranch(nn.Module):
         gate_up = self._add_lora(index, GATE_UP, h, gate_up, [half, half])
         x = mlp.act_fn(gate_up)
         down, _ = mlp.down_proj(x)
-        delta = self._lora(index, "down_proj", x)
+        delta = self._lora(index, "down_proj", x, reduce=True)
         return down if delta is None else down + delta
 
     def memory_bytes(self) -> int:

@@ -293,7 +293,6 @@ def _refuse_unsupported(extra: dict[str, Any]) -> None:
     """Engine arguments the gate branch does not support yet: a clear error before any process starts."""
     refused = {
         "speculative decoding (speculative_config)": extra.get("speculative_config"),
-        "tensor parallelism (tensor_parallel_size > 1)": extra.get("tensor_parallel_size", 1) > 1,
         "pipeline parallelism (pipeline_parallel_size > 1)": extra.get("pipeline_parallel_size", 1) > 1,
         "vLLM LoRA adapters alongside the gate (enable_lora)": extra.get("enable_lora"),
         "quantised base weights (quantization)": extra.get("quantization"),

