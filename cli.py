@@ -239,8 +239,9 @@ def _ingest(args: argparse.Namespace) -> int:
     return 0
 
 
-# Held-out questions (products the demo model never saw in training): one answer, one search, one refuse.
-DEMO_QUESTIONS = ("How much does the Rowan Lantern cost?", "What does the BS-370 weigh?", "Who painted the Mona Lisa?")
+# Questions from the held-out test split: one answerable, one by order code (search), one out of scope.
+DEMO_QUESTIONS = ("How much does the Rowan Lantern cost?", "What is the price of the BS-370?",
+                  "Who painted the Mona Lisa?")
 
 
 def _demo(args: argparse.Namespace) -> int:
