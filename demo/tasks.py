@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from gatehead.agent.prompts import ANSWER_SYSTEM, REFUSAL, REWRITE_SYSTEM
 from gatehead.demo.kb import Doc, KnowledgeBase, build_kb, invented_stems
 from gatehead.demo.questions import Question, build_questions
+from gatehead.gate.data import parse_example
 from gatehead.gate.prompt import Passage, Turn
 
 TOP_K = 3  # passages per retrieval, in the demo agent and in training
@@ -58,8 +59,7 @@ def normalize(text: str) -> str:
 
 def from_record(record: dict) -> list[LMExample]:
     """Examples from one labelled question with its actually retrieved documents (`label` output)."""
-    docs = tuple(Passage(d["text"], d.get("title", ""), d.get("source", ""), d.get("score", 0.0))
-                 for d in record["documents"])
+    docs = parse_example(record, record.get("qid", "record")).passages
     question, label = record["question"], record["label"]
     out = []
     if label == "answer":
@@ -68,8 +68,8 @@ def from_record(record: dict) -> list[LMExample]:
         out.append(LMExample(ANSWER_SYSTEM, question, docs, REFUSAL))
     if label == "search":
         out.append(LMExample(REWRITE_SYSTEM, question, docs, record["rewrite"]))
-        found = tuple(Passage(d["text"], d.get("title", ""), d.get("source", ""), d.get("score", 0.0))
-                      for d in record["rewrite_documents"])
+        found = parse_example({"question": record["rewrite"], "documents": record["rewrite_documents"],
+                               "label": "answer"}, record.get("qid", "record")).passages
         out.append(LMExample(ANSWER_SYSTEM, record["rewrite"], found, cited(record["answer"], found, record["gold"])))
     return out
 

@@ -19,11 +19,7 @@ from vllm.exceptions import VLLMValidationError
 from vllm.sampling_params import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 
-from gatehead.runtime.plugin import GATE_FLAG
-
-
-def is_gate_request(params: SamplingParams) -> bool:
-    return bool(params.extra_args) and params.extra_args.get(GATE_FLAG) == "gate"
+from gatehead.runtime.plugin import is_gate_request
 
 
 class GateAdmission(LogitsProcessor):

@@ -21,6 +21,12 @@ GATED_ARCHITECTURES = {
 GATE_FLAG = "gatehead"  # SamplingParams.extra_args[GATE_FLAG] == "gate" marks a gate request
 
 
+def is_gate_request(params: Any) -> bool:
+    """Whether a request's `SamplingParams` (or None) carry the gate flag."""
+    extra = params.extra_args if params is not None else None
+    return bool(extra) and extra.get(GATE_FLAG) == "gate"
+
+
 def register() -> None:
     from vllm import ModelRegistry
 
@@ -71,8 +77,7 @@ def plan_step(runner: Any, suffix_len: int) -> tuple[list[Any], set[str]]:
     rows = []
     for i, req_id in enumerate(batch.req_ids):
         state = runner.requests[req_id]
-        extra = state.sampling_params.extra_args if state.sampling_params is not None else None
-        if not extra or extra.get(GATE_FLAG) != "gate":
+        if not is_gate_request(state.sampling_params):
             continue
         done, prompt_len = int(batch.num_computed_tokens_cpu[i]), state.num_prompt_tokens
         if done >= prompt_len:
