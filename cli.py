@@ -240,65 +240,144 @@ def _ingest(args: argparse.Namespace) -> int:
 
 
 # Questions from the held-out test split: one answerable, one by order code (search), one out of scope.
-DEMO_QUESTIONS = ("How much does the Rowan Lantern cost?", "What is the price of the BS-370?",
-                  "Who painted the Mona Lisa?")
+# The scripted demo: (thread, question). Turns sharing a thread are one conversation.
+DEMO_QUESTIONS = (
+    ("a", "How much does the Rowan Lantern cost?"),
+    ("a", "And its warranty?"),
+    ("b", "What is the price of the BS-370?"),
+    ("c", "How much does the Mistral Tent cost?"),
+    ("d", "Who painted the Mona Lisa?"),
+)
 
 
-def _demo(args: argparse.Namespace) -> int:
+def _store_config(args: argparse.Namespace) -> StoreConfig | None:
+    """The store the agent commands use; None for the demo index (built on first use)."""
+    if args.url:
+        return StoreConfig(url=args.url, api_key=os.environ.get("QDRANT_API_KEY"),
+                           collection=args.collection or StoreConfig.collection)
+    if args.store:
+        return StoreConfig(path=args.store, collection=args.collection or StoreConfig.collection)
+    return None
+
+
+def _run_agent(args: argparse.Namespace, body) -> int:
+    """Open the store, start the engine, open the thread checkpointer, and run `body(agent)` in one event loop."""
     import asyncio
 
-    from gatehead.retrieval.config import IngestConfig, StoreConfig
+    from gatehead.agent.checkpoint import default_checkpoint_path, open_checkpointer
+    from gatehead.agent.graph import Agent, AgentConfig
+    from gatehead.demo.index import DEFAULT_PATH, open_demo_store
     from gatehead.retrieval.embedder import Embedder
-    from gatehead.retrieval.ingest import ingest
     from gatehead.retrieval.store import Store
-    from gatehead.runtime.engine import EngineConfig, SharedEngine
 
-    print(f"Indexing the demo corpus ({demo.DEMO_DIR / 'corpus'}) into {args.store} (unchanged files are skipped)...")
-    store = Store(StoreConfig(path=args.store, collection="demo"), Embedder())
+    config = AgentConfig(top_k=args.top_k, max_searches=args.max_searches, max_answer_tokens=args.max_tokens)
+    store_config = _store_config(args)
+    threads = args.threads or str(default_checkpoint_path(store_config or StoreConfig(path=DEFAULT_PATH)))
+    store = open_demo_store(log=lambda m: print(m, file=sys.stderr)) if store_config is None \
+        else Store(store_config, Embedder())
     try:
-        print(ingest([demo.DEMO_DIR / "corpus"], store, IngestConfig(progress=False)).summary())
-        print("Starting one vLLM engine for both the gate and the answers (eager mode)...")
-        engine = SharedEngine(EngineConfig(model=demo.MODEL_DIR, adapter=demo.ADAPTER_DIR, enforce_eager=True,
-                                           kv_cache_memory_bytes=256 << 20, max_model_len=2048))
+        engine = _engine(args)
         try:
-            asyncio.run(_demo_turns(engine, store, args.question or DEMO_QUESTIONS))
+            async def session() -> int:
+                async with open_checkpointer(threads) as saver:
+                    return await body(Agent(engine, store, config, saver))
+
+            return asyncio.run(session())
         finally:
             engine.shutdown()
     finally:
         store.close()
-    return 0
 
 
-async def _demo_turns(engine, store, questions: Sequence[str]) -> None:
-    for question in questions:  # one event loop for all: the engine's client binds to the loop it first runs in
-        await _demo_turn(engine, store, question)
+def _ask(args: argparse.Namespace) -> int:
+    from gatehead.agent.transcript import format_turn
+
+    async def body(agent) -> int:
+        result = await agent.ask(args.question, args.thread)
+        print(json.dumps(result.to_dict(), indent=2, ensure_ascii=False, default=_jsonable) if args.json
+              else format_turn(result) + f"\n  thread:     {result.thread_id}")
+        return 1 if result.error else 0
+
+    return _run_agent(args, body)
 
 
-async def _demo_turn(engine, store, question: str) -> None:
-    """retrieve -> gate -> answer | refuse | search (rewrite, retrieve, gate once more): the agent's path, inline."""
-    from gatehead.agent.prompts import REFUSAL, REWRITE_SYSTEM
-    from gatehead.gate.prompt import PromptBuilder, PromptConfig
+def _jsonable(value):
+    from dataclasses import asdict
 
-    print(f"\n{question}")
-    for attempt in range(2):
-        passages = [hit.to_passage() for hit in store.search(question, top_k=3)]
-        outcome = await engine.gate(question, passages)
-        probs = "  ".join(f"{k}={v:.3f}" for k, v in outcome.result.probs.items())
-        print(f"  retrieved: {', '.join(p.source for p in passages)}")
-        print(f"  gate:      {outcome.result.decision:<7} ({probs})")
-        if outcome.result.decision == "answer":
-            answer = await engine.generate(outcome.prompt.answer, max_tokens=32)
-            print(f"  answer:    {answer.text}\n             ({answer.num_cached_tokens} of "
-                  f"{len(outcome.prompt.answer)} prompt tokens reused from the gate's prefill)")
-            return
-        if outcome.result.decision == "refuse" or attempt == 1:
-            print(f"  answer:    {REFUSAL}")
-            return
-        rewriter = PromptBuilder(engine.tokenizer, engine.adapter.spec.suffix,
-                                 PromptConfig(max_context=engine.prompts.config.max_context, system=REWRITE_SYSTEM))
-        rewrite = await engine.generate(rewriter.build(question, passages).answer, max_tokens=48)
-        question = rewrite.text.strip()
-        print(f"  rewritten: {question}")
+    return asdict(value)
+
+
+def _chat(args: argparse.Namespace) -> int:
+    import asyncio
+    import uuid
+
+    thread = args.thread or uuid.uuid4().hex
+
+    async def body(agent) -> int:
+        print(f"thread {thread} (continue it later with --thread {thread}); an empty line or Ctrl-D ends")
+        for turn in await agent.history(thread):
+            print(f"{'you' if turn.role == 'user' else 'gatehead'}> {turn.text}")
+        while True:
+            try:
+                question = (await asyncio.to_thread(input, "you> ")).strip()
+            except EOFError:
+                print()
+                return 0
+            if not question:
+                return 0
+            async for event in agent.stream(question, thread):
+                _print_chat_event(event)
+
+    return _run_agent(args, body)
+
+
+def _print_chat_event(event) -> None:
+    """Gate calls and searches as notes, the answer as it streams, then its sources (or the error)."""
+    if event.kind == "node" and event.node == "gate":
+        gate = event.data["gates"][-1]
+        probs = " ".join(f"{k}={v:.2f}" for k, v in gate["probs"].items())
+        print(f"  [gate: {gate['decision']} ({probs})]", flush=True)
+        if gate["decision"] == "answer":
+            print("gatehead> ", end="", flush=True)
+    elif event.kind == "node" and event.node == "rewrite":
+        print(f"  [searching again: {event.data['ask']}]", flush=True)
+    elif event.kind == "node" and event.node == "contextualize":
+        print(f"  [standalone: {event.data['standalone']}]", flush=True)
+    elif event.kind == "token":
+        print(event.text, end="", flush=True)
+    elif event.kind == "final":
+        result = event.result
+        if result.error:
+            print(f"error: {result.error}")
+        elif result.decision == "answer":
+            print(f"\n  [sources: {', '.join(result.sources)}]")
+        else:
+            print(f"gatehead> {result.answer}")
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from gatehead.agent.transcript import format_turn, summary_table
+
+    script = [(f"q{i}", q) for i, q in enumerate(args.question)] if args.question else list(DEMO_QUESTIONS)
+    run = uuid_prefix()
+
+    async def body(agent) -> int:
+        results = []
+        for thread, question in script:
+            result = await agent.ask(question, f"demo-{run}-{thread}")
+            print("\n" + format_turn(result))
+            results.append(result)
+        print("\n" + summary_table(results))
+        return 1 if any(r.error for r in results) else 0
+
+    print("Starting one vLLM engine for the gate, the query rewrites and the answers (eager mode)...")
+    return _run_agent(args, body)
+
+
+def uuid_prefix() -> str:
+    import uuid
+
+    return uuid.uuid4().hex[:8]
 
 
 def _model_arguments(p: argparse.ArgumentParser) -> None:
@@ -307,6 +386,24 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile", action="store_true", help="vLLM's compile mode (slower start) instead of eager")
     p.add_argument("--kv-mb", type=int, default=256, help="KV-cache memory in MiB (default: 256)")
     p.add_argument("--max-model-len", type=int, help="context window (default: the model's)")
+
+
+def _agent_arguments(p: argparse.ArgumentParser) -> None:
+    from gatehead.agent.graph import AgentConfig
+
+    _model_arguments(p)
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--store", metavar="DIR",
+                       help="embedded Qdrant storage (default: the demo index in .cache/qdrant, built on first use)")
+    where.add_argument("--url", help="a Qdrant server instead (API key from QDRANT_API_KEY)")
+    p.add_argument("--collection", help=f"collection in --store or --url (default: {StoreConfig.collection})")
+    p.add_argument("--threads", metavar="PATH|URL",
+                   help="where threads persist: a SQLite file or a postgres:// URL (default: threads.sqlite "
+                        "next to the store)")
+    p.add_argument("--top-k", type=int, default=AgentConfig.top_k, help="passages per retrieval")
+    p.add_argument("--max-searches", type=int, default=AgentConfig.max_searches,
+                   help="query rewrites per turn before giving up")
+    p.add_argument("--max-tokens", type=int, default=AgentConfig.max_answer_tokens, help="answer length limit")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -398,9 +495,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="keep the chunks of files gone from a directory given (default: remove them)")
     p.set_defaults(func=_ingest)
 
-    p = commands.add_parser("demo", help="index the demo corpus and run questions through retrieval, gate and answer")
-    p.add_argument("question", nargs="*", help="questions to ask (default: three held-out examples)")
-    p.add_argument("--store", default=".cache/qdrant", help="embedded Qdrant storage directory for the demo index")
+    p = commands.add_parser("ask", help="one agent turn: retrieve, gate, then answer, refuse or search again")
+    p.add_argument("question")
+    p.add_argument("--thread", help="continue this thread (default: a new one)")
+    p.add_argument("--json", action="store_true", help="print the turn's full result as JSON")
+    _agent_arguments(p)
+    p.set_defaults(func=_ask)
+
+    p = commands.add_parser("chat", help="an interactive multi-turn conversation with the agent")
+    p.add_argument("--thread", help="continue this thread (default: a new one)")
+    _agent_arguments(p)
+    p.set_defaults(func=_chat)
+
+    p = commands.add_parser("demo", help="run the agent over scripted demo questions: transcript and summary")
+    p.add_argument("question", nargs="*", help="questions to ask instead, one thread each")
+    _agent_arguments(p)
     p.set_defaults(func=_demo)
     return parser
 

@@ -2,11 +2,34 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+from collections.abc import Coroutine, Iterator
+from typing import Any, TypeVar
+
 import pytest
 
 from gatehead.retrieval.config import EmbedderConfig
 from gatehead.retrieval.embedder import Embedder
 from gatehead.runtime.tiny import TinyModel, TinySpec, build_tiny
+
+T = TypeVar("T")
+
+
+class Loop:
+    """One event loop on a thread for the whole session: AsyncLLM binds to the loop it first runs in."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 900) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+
+@pytest.fixture(scope="session")
+def loop() -> Loop:
+    return Loop()
 
 
 @pytest.fixture(scope="session")
@@ -34,3 +57,27 @@ def embedder() -> Embedder:
     embedder = Embedder(EmbedderConfig(device="cpu"))
     assert embedder.dimension == 384  # loads the model, here and only here
     return embedder
+
+
+@pytest.fixture(scope="session")
+def demo_shared():
+    """The shared engine on the demo model and gate (eager, bf16, 2k context): fidelity and agent tests."""
+    yield from demo_engine(gate=True)
+
+
+@pytest.fixture(scope="module")
+def demo_stock():
+    """Stock vLLM on the demo model (no adapter): the baseline of the demo fidelity checks."""
+    yield from demo_engine(gate=False)
+
+
+def demo_engine(gate: bool) -> Iterator:
+    from gatehead.demo import ADAPTER_DIR, MODEL_DIR
+    from gatehead.runtime.engine import EngineConfig, SharedEngine
+
+    engine = SharedEngine(EngineConfig(model=MODEL_DIR, adapter=ADAPTER_DIR if gate else None, enforce_eager=True,
+                                       memory_fraction=0.1, block_size=32, max_model_len=2048))
+    try:
+        yield engine
+    finally:
+        engine.shutdown()

@@ -6,10 +6,8 @@ Engine processes are spawned; each costs ~30 s to start in eager mode and ~90 s 
 
 from __future__ import annotations
 
-import asyncio
-import threading
-from collections.abc import Callable, Coroutine, Iterator, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,25 +17,8 @@ from gatehead.runtime.engine import EngineConfig, SharedEngine
 from gatehead.runtime.reference import HFReference
 from gatehead.runtime.tiny import TinyModel
 
-T = TypeVar("T")
 KV_BYTES = 128 << 20
 MEMORY_FRACTION = 0.1  # of NUMA node 0; engines sized this way also measure KV capacity
-
-
-class Loop:
-    """One event loop on a thread for the whole session: AsyncLLM binds to the loop it first runs in."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        threading.Thread(target=self.loop.run_forever, daemon=True).start()
-
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 900) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-
-@pytest.fixture(scope="session")
-def loop() -> Loop:
-    return Loop()
 
 
 def engine_config(tiny: TinyModel, gate: bool = True, **overrides: Any) -> EngineConfig:

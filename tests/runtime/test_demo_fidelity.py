@@ -7,8 +7,6 @@ demo's held-out questions with the documents the real retriever returned for the
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import numpy as np
 import pytest
 
@@ -18,30 +16,11 @@ from gatehead.evals.agreement import agreement, dedicated_gate_probs, shared_gat
 from gatehead.evals.stability import check_stability
 from gatehead.gate.adapter import load_gate_adapter
 from gatehead.runtime.dedicated import export_dedicated
-from gatehead.runtime.engine import EngineConfig, SharedEngine
+from gatehead.runtime.engine import SharedEngine
 from gatehead.runtime.reference import HFReference
 
 MAX_LEN = 2048
 MEMORY_FRACTION = 0.1
-
-
-def demo_engine(gate: bool) -> Iterator[SharedEngine]:
-    engine = SharedEngine(EngineConfig(model=MODEL_DIR, adapter=ADAPTER_DIR if gate else None, enforce_eager=True,
-                                       memory_fraction=MEMORY_FRACTION, block_size=32, max_model_len=MAX_LEN))
-    try:
-        yield engine
-    finally:
-        engine.shutdown()
-
-
-@pytest.fixture(scope="module")
-def demo_stock() -> Iterator[SharedEngine]:
-    yield from demo_engine(gate=False)
-
-
-@pytest.fixture(scope="module")
-def demo_shared() -> Iterator[SharedEngine]:
-    yield from demo_engine(gate=True)
 
 
 @pytest.fixture(scope="module")
