@@ -89,15 +89,43 @@ def test_export_dedicated_writes_a_stock_classifier(tiny: TinyModel, tmp_path: P
     assert missing.returncode == 2 and "has no adapter_config.json" in missing.stderr
 
 
-def test_demo_runs_retrieval_gate_and_answer_on_the_demo_model(tmp_path: Path) -> None:
-    result = subprocess.run([GATEHEAD, "demo", "--store", str(tmp_path / "qdrant"),
-                             "How much does the Rowan Lantern cost?",
-                             "What is the price of the BS-370?"], capture_output=True, text=True, timeout=600)
+def test_demo_runs_the_agent_over_scripted_questions(tmp_path: Path) -> None:
+    # In a fresh directory: the demo index is built on first use in .cache/qdrant.
+    result = subprocess.run([GATEHEAD, "demo"], capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.stdout
     print(out)
-    assert "260 added" in out  # the corpus indexed: 260 one-chunk documents
-    first, second = out.split("What is the price of the BS-370?")
-    assert "gate:      answer" in first and "€354 [1]" in first and "prompt tokens reused" in first
-    assert "gate:      search" in second and "rewritten: What is the price of the Rowan Lantern?" in second
-    assert second.count("gate:") == 2 and "€354 [1]" in second
+    assert "260 added" in result.stderr and (tmp_path / ".cache" / "qdrant").is_dir()
+    assert (tmp_path / ".cache" / "threads.sqlite").is_file()
+    turns = out.split("\n> ")[1:]
+    assert len(turns) == 5
+    rowan, warranty, by_code, ghost, _ = turns
+    assert "gate:       answer" in rowan and "answer:     €354 [1]" in rowan
+    assert "reused from the gate's prefill" in rowan
+    assert "standalone: What is the warranty of the Rowan Lantern?" in warranty and "4 years [1]" in warranty
+    assert "gate:       search" in by_code and "rewritten:  What is the price of the Rowan Lantern?" in by_code
+    assert by_code.count("gate:") == 2 and "answer:     €354 [1]" in by_code
+    assert "gate:       refuse" in ghost and "decision:   refuse" in ghost
+    table = out[out.index("# | question"):]
+    assert "search > answer" in table and "decisions: answer 4, refuse 1" in table
+
+
+def test_chat_then_ask_continue_one_thread(tmp_path: Path) -> None:
+    chat = subprocess.run([GATEHEAD, "chat"], input="How much does the Rowan Lantern cost?\nAnd its warranty?\n",
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert chat.returncode == 0, chat.stderr[-3000:]
+    print(chat.stdout)
+    thread = chat.stdout.split()[1]
+    assert "[gate: answer" in chat.stdout and "€354 [1]" in chat.stdout
+    assert "[standalone: What is the warranty of the Rowan Lantern?]" in chat.stdout and "4 years [1]" in chat.stdout
+    assert "[sources: products/rowan-lantern.md" in chat.stdout
+    ask = subprocess.run([GATEHEAD, "ask", "--json", "--thread", thread, "What about its colour?"],
+                         capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert ask.returncode == 0, ask.stderr[-3000:]
+    turn = json.loads(ask.stdout)
+    assert turn["thread_id"] == thread and "Rowan Lantern" in turn["standalone"]  # read the earlier turns
+    assert turn["decision"] in ("answer", "refuse", "not_found") and turn["sources"]
+    assert set(turn["gates"][0]["probs"]) == {"answer", "refuse", "search"}
+    bad = subprocess.run([GATEHEAD, "ask", "  ", "--max-searches", "-1"], capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    assert bad.returncode == 2 and "max_searches must be >= 0" in bad.stderr
