@@ -173,6 +173,26 @@ def test_postgres_url_failure_names_the_server_without_the_password(loop) -> Non
     assert "127.0.0.1:9" in str(info.value) and "s3cret" not in str(info.value)
 
 
+def test_threads_persist_in_postgres(demo_shared, store, loop, tmp_path) -> None:
+    import pgserver  # a real PostgreSQL server, pip-installed (dev extra)
+
+    server = pgserver.get_server(tmp_path / "pg", cleanup_mode="stop")
+    try:
+        url = server.get_uri()
+        assert url.startswith("postgresql://")
+
+        async def turn(question: str):
+            async with open_checkpointer(url) as saver:  # a fresh connection and Agent each time
+                return await Agent(demo_shared, store, checkpointer=saver).ask(question, "pg-thread")
+
+        first = loop.run(turn(ROWAN))
+        second = loop.run(turn("And its warranty?"))
+        assert first.answer == "€354 [1]"
+        assert second.standalone == "What is the warranty of the Rowan Lantern?" and second.answer == "4 years [1]"
+    finally:
+        server.cleanup()
+
+
 CHILD = textwrap.dedent('''
     import asyncio, json, os, signal, sys
     from gatehead.agent import Agent
