@@ -388,6 +388,27 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, help="context window (default: the model's)")
 
 
+def _serve(args: argparse.Namespace) -> int:
+    import logging
+
+    from gatehead.agent.graph import AgentConfig
+    from gatehead.server.app import ServerConfig
+    from gatehead.server.serve import serve
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    keys = list(args.api_key or []) + [k for k in os.environ.get("GATEHEAD_API_KEYS", "").split(",") if k.strip()]
+    locations = model_locations()
+    config = ServerConfig(
+        model=args.model or locations["model"], adapter=args.adapter or locations["adapter"],
+        store=_store_config(args), threads=args.threads, api_keys=tuple(k.strip() for k in keys),
+        cors_origins=tuple(args.cors_origin or ()), max_body_bytes=args.max_body, max_inflight=args.max_inflight,
+        request_timeout=args.timeout, drain_seconds=args.drain_seconds, kv_cache_bytes=args.kv_mb << 20,
+        enforce_eager=not args.compile, max_model_len=args.max_model_len,
+        agent=AgentConfig(top_k=args.top_k, max_searches=args.max_searches, max_answer_tokens=args.max_tokens))
+    serve(config, args.host, args.port)
+    return 0
+
+
 def _agent_arguments(p: argparse.ArgumentParser) -> None:
     from gatehead.agent.graph import AgentConfig
 
@@ -506,6 +527,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--thread", help="continue this thread (default: a new one)")
     _agent_arguments(p)
     p.set_defaults(func=_chat)
+
+    p = commands.add_parser("serve", help="the HTTP service: agent chat, gate, OpenAI-compatible API, probes, metrics")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", action="append", help="a key clients must send as a Bearer token (repeatable; "
+                                                      "also GATEHEAD_API_KEYS, comma-separated); none: open")
+    p.add_argument("--cors-origin", action="append", help="an origin allowed cross-origin requests (default: none)")
+    p.add_argument("--max-body", type=int, default=1 << 20, help="request body limit in bytes (413 above)")
+    p.add_argument("--max-inflight", type=int, default=32, help="requests in flight before shedding with 503")
+    p.add_argument("--timeout", type=float, help="per-request deadline in seconds (504); default none")
+    p.add_argument("--drain-seconds", type=float, default=30.0, help="on SIGTERM, time for in-flight requests")
+    _agent_arguments(p)
+    p.set_defaults(func=_serve)
 
     p = commands.add_parser("demo", help="run the agent over scripted demo questions: transcript and summary")
     p.add_argument("question", nargs="*", help="questions to ask instead, one thread each")

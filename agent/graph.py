@@ -101,14 +101,14 @@ def _turns(history: Sequence[dict]) -> list[Turn]:
 
 
 async def gate_decision(engine, question: str, passages: Sequence[Any], conversation: Sequence[Any] = (),
-                        thresholds: Thresholds | None = None) -> dict:
+                        thresholds: Thresholds | None = None, cache_salt: str | None = None) -> dict:
     """Gate `question` over `passages` on the shared engine: {"decision", "probs", "dropped", "prompt"}.
 
     The building block of the agent's gate node and of `gate_node` for graphs of your own.
     """
     kept = [as_passage(p) for p in passages]
     turns = [t if isinstance(t, Turn) else Turn(t["role"], t["text"]) for t in conversation]
-    outcome = await engine.gate(question, kept, turns, thresholds=thresholds)
+    outcome = await engine.gate(question, kept, turns, thresholds=thresholds, cache_salt=cache_salt)
     prompt = outcome.prompt
     return {"decision": outcome.result.decision, "probs": dict(outcome.result.probs),
             "dropped": {"turns": list(prompt.dropped.turns),
@@ -139,6 +139,13 @@ def gate_node(engine, *, question_key: str = "question", passages_key: str = "pa
 def route_on_gate(output_key: str = "gate") -> Callable[[dict], str]:
     """A conditional-edge function: the gate's decision ("answer", "refuse" or "search")."""
     return lambda state: state[output_key]["decision"]
+
+
+def _salt() -> str | None:
+    """The run's prefix-cache salt (`configurable.cache_salt`: one per tenant), if any."""
+    from langgraph.config import get_config
+
+    return get_config().get("configurable", {}).get("cache_salt")
 
 
 def _timed(name: str, fn: Callable[[AgentState], Any]) -> Callable[[AgentState], Any]:
@@ -173,7 +180,7 @@ def build_graph(engine, store: Retriever, config: AgentConfig = AgentConfig(), c
 
     async def contextualize(state: AgentState) -> dict:
         prompt = rewriter.build(state["question"], (), _turns(state["history"]))
-        out = await engine.generate(prompt.answer, max_tokens=config.max_rewrite_tokens)
+        out = await engine.generate(prompt.answer, max_tokens=config.max_rewrite_tokens, cache_salt=_salt())
         return {"standalone": out.text.strip() or state["question"]}
 
     async def retrieve(state: AgentState) -> dict:
@@ -187,7 +194,8 @@ def build_graph(engine, store: Retriever, config: AgentConfig = AgentConfig(), c
         return {"queries": [query], "passages": [asdict(p) for p in passages]}
 
     async def gate(state: AgentState) -> dict:
-        result = await gate_decision(engine, state["ask"], state["passages"], state["history"], config.thresholds)
+        result = await gate_decision(engine, state["ask"], state["passages"], state["history"], config.thresholds,
+                                     _salt())
         call = {"query": state["ask"], "probs": result["probs"], "decision": result["decision"]}
         return {"gates": [call], "dropped": result["dropped"]}
 
@@ -197,7 +205,7 @@ def build_graph(engine, store: Retriever, config: AgentConfig = AgentConfig(), c
                                       _turns(state["history"]))
         writer = get_stream_writer()
         started, first, text, cached = time.perf_counter(), None, "", 0
-        async for out in engine.stream(prompt.answer, max_tokens=config.max_answer_tokens):
+        async for out in engine.stream(prompt.answer, max_tokens=config.max_answer_tokens, cache_salt=_salt()):
             if out.text != text:
                 first = first if first is not None else time.perf_counter() - started
                 writer({"token": out.text[len(text):]})
@@ -212,7 +220,7 @@ def build_graph(engine, store: Retriever, config: AgentConfig = AgentConfig(), c
 
     async def rewrite(state: AgentState) -> dict:
         prompt = rewriter.build(state["ask"], [as_passage(p) for p in state["passages"]], _turns(state["history"]))
-        out = await engine.generate(prompt.answer, max_tokens=config.max_rewrite_tokens)
+        out = await engine.generate(prompt.answer, max_tokens=config.max_rewrite_tokens, cache_salt=_salt())
         return {"ask": out.text.strip() or state["ask"], "searches": state.get("searches", 0) + 1}
 
     async def not_found(state: AgentState) -> dict:
@@ -318,29 +326,39 @@ class Agent:
         self.engine, self.store, self.config = engine, store, config
         self.graph = build_graph(engine, store, config, checkpointer or InMemorySaver())
 
-    def _config(self, thread_id: str) -> dict:
-        return {"configurable": {"thread_id": thread_id}, "recursion_limit": 8 + 4 * self.config.max_searches}
+    def _config(self, thread_id: str, cache_salt: str | None = None) -> dict:
+        configurable = {"thread_id": thread_id, **({"cache_salt": cache_salt} if cache_salt else {})}
+        return {"configurable": configurable, "recursion_limit": 8 + 4 * self.config.max_searches}
 
     async def _result(self, thread_id: str, fallback: dict) -> TurnResult:
         state = (await self.graph.aget_state(self._config(thread_id))).values
         return TurnResult.from_state(thread_id, state or fallback or {})
 
-    async def stream(self, question: str, thread_id: str | None = None) -> AsyncIterator[AgentEvent]:
-        """Run one turn, yielding node events and answer tokens as they come, then the `final` event."""
+    async def stream(self, question: str, thread_id: str | None = None, *, history: Sequence[Turn] | None = None,
+                     cache_salt: str | None = None) -> AsyncIterator[AgentEvent]:
+        """Run one turn, yielding node events and answer tokens as they come, then the `final` event.
+
+        `history` replaces the thread's earlier turns (a caller that keeps the conversation itself, as
+        the OpenAI API does); `cache_salt` keeps the turn's prefix-cache blocks to its tenant.
+        """
         if not isinstance(question, str) or not question.strip():
             raise ValueError("the question is empty")
         thread_id = thread_id or uuid.uuid4().hex
         if (await self.graph.aget_state(self._config(thread_id))).next:
-            async for event in self._run(None, thread_id):  # an interrupted turn first
+            async for event in self._run(None, thread_id, cache_salt):  # an interrupted turn first
                 if event.kind == "final":
                     continue
                 yield event
-        async for event in self._run({"question": question}, thread_id):
+        graph_input: dict = {"question": question}
+        if history is not None:
+            graph_input["history"] = [{"role": t.role, "text": t.text} for t in history]
+        async for event in self._run(graph_input, thread_id, cache_salt):
             yield event
 
-    async def _run(self, graph_input: dict | None, thread_id: str) -> AsyncIterator[AgentEvent]:
+    async def _run(self, graph_input: dict | None, thread_id: str,
+                   cache_salt: str | None = None) -> AsyncIterator[AgentEvent]:
         state: dict = {}
-        async for mode, chunk in self.graph.astream(graph_input, self._config(thread_id),
+        async for mode, chunk in self.graph.astream(graph_input, self._config(thread_id, cache_salt),
                                                     stream_mode=["updates", "custom", "values"], durability="sync"):
             if mode == "custom" and "token" in chunk:
                 yield AgentEvent("token", text=chunk["token"])
@@ -351,10 +369,11 @@ class Agent:
                 state = chunk
         yield AgentEvent("final", result=await self._result(thread_id, state))
 
-    async def ask(self, question: str, thread_id: str | None = None) -> TurnResult:
+    async def ask(self, question: str, thread_id: str | None = None, *, history: Sequence[Turn] | None = None,
+                  cache_salt: str | None = None) -> TurnResult:
         """Run one turn and return its result (a turn whose retrieval failed has `error` set, no answer)."""
         result = None
-        async for event in self.stream(question, thread_id):
+        async for event in self.stream(question, thread_id, history=history, cache_salt=cache_salt):
             if event.kind == "final":
                 result = event.result
         assert result is not None

@@ -157,6 +157,16 @@ class PromptBuilder:
         assert prompt.gate.count(self.suffix_ids[-1]) == 1, "the suffix token leaked into P"
         return prompt
 
+    def chat(self, messages: Sequence[tuple[str, str]]) -> list[int]:
+        """Token ids of a plain chat (no documents) ending with the assistant start; all text untrusted."""
+        if not messages:
+            raise ValueError("the conversation is empty")
+        for role, _ in messages:
+            if role not in ("system", "user", "assistant"):
+                raise ValueError(f"message roles are 'system', 'user' and 'assistant', got {role!r}")
+        prefix, start = self._render([(role, encode_untrusted(self.tokenizer, text)) for role, text in messages])
+        return prefix + start
+
     def _render(self, messages: list[tuple[str, list[int]]]) -> tuple[list[int], list[int]]:
         """P's ids and the assistant-start ids, from the chat template rendered around sentinels."""
         chat = [{"role": role, "content": _SENTINEL.format(i)} for i, (role, _) in enumerate(messages)]

@@ -167,15 +167,20 @@ class SharedEngine:
                               logprobs=0, seed=seed)
 
     async def stream(self, prompt: str | Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
-                     ignore_eos: bool = False, seed: int | None = None) -> AsyncIterator[Generation]:
-        """Yield the generation so far after each step (cumulative), the last one finished."""
+                     ignore_eos: bool = False, seed: int | None = None,
+                     cache_salt: str | None = None) -> AsyncIterator[Generation]:
+        """Yield the generation so far after each step (cumulative), the last one finished.
+
+        `cache_salt` keeps this request's prefix-cache blocks apart from those of other salts (one
+        salt per tenant: no tenant can probe another's prompts through cache timing).
+        """
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         ids = self._check_generation_prompt(prompt)
         self._check_length(ids, max_tokens)
         params = self._sampling(max_tokens, temperature, ignore_eos, seed)
         self._stats.generation_requests += 1
-        async for out in self.llm.generate({"prompt_token_ids": ids}, params, request_id=f"gen-{uuid.uuid4().hex}"):
+        async for out in self.llm.generate(_prompt(ids, cache_salt), params, request_id=f"gen-{uuid.uuid4().hex}"):
             completion = out.outputs[0]
             logprobs = [entry[token].logprob for entry, token in zip(completion.logprobs or [], completion.token_ids,
                                                                       strict=False)]
@@ -183,10 +188,10 @@ class SharedEngine:
                              out.num_cached_tokens or 0)
 
     async def generate(self, prompt: str | Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
-                       ignore_eos: bool = False, seed: int | None = None) -> Generation:
+                       ignore_eos: bool = False, seed: int | None = None, cache_salt: str | None = None) -> Generation:
         """Generate a completion of `prompt` (text, tokenized with special tokens parsed, or token ids)."""
         return await _last(self.stream(prompt, max_tokens=max_tokens, temperature=temperature,
-                                       ignore_eos=ignore_eos, seed=seed))
+                                       ignore_eos=ignore_eos, seed=seed, cache_salt=cache_salt))
 
     async def generate_many(self, prompts: Sequence[str | Sequence[int]], *, max_tokens: int = 256,
                             temperature: float = 0.0, ignore_eos: bool = False) -> list[Generation]:
@@ -201,7 +206,8 @@ class SharedEngine:
             raise ValueError("this engine was started without a gate adapter: set EngineConfig.adapter")
         return self.adapter
 
-    async def gate_prompt(self, prompt_ids: Sequence[int], thresholds: Thresholds | None = None) -> GateOutcome:
+    async def gate_prompt(self, prompt_ids: Sequence[int], thresholds: Thresholds | None = None,
+                          cache_salt: str | None = None) -> GateOutcome:
         """Gate a laid-out gate prompt (token ids ending with the suffix, as `PromptBuilder` makes)."""
         from vllm import SamplingParams
 
@@ -221,7 +227,8 @@ class SharedEngine:
         params = SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=list(self.action_ids),
                                 skip_reading_prefix_cache=True, detokenize=False, extra_args={GATE_FLAG: "gate"})
         self._stats.gate_requests += 1
-        final = await _last(self.llm.generate({"prompt_token_ids": ids}, params, request_id=f"gate-{uuid.uuid4().hex}"))
+        final = await _last(self.llm.generate(_prompt(ids, cache_salt), params,
+                                              request_id=f"gate-{uuid.uuid4().hex}"))
         assert final.outputs[0].logprobs, "a gate request returns its action logprobs"
         entry = final.outputs[0].logprobs[0]
         probs = {label: math.exp(entry[token].logprob) for label, token in zip(LABELS, self.action_ids, strict=True)}
@@ -232,12 +239,12 @@ class SharedEngine:
                            final.num_cached_tokens or 0)
 
     async def gate(self, question: str, passages: Sequence[Passage] = (), conversation: Sequence[Turn] = (),
-                   thresholds: Thresholds | None = None) -> GateOutcome:
+                   thresholds: Thresholds | None = None, cache_salt: str | None = None) -> GateOutcome:
         """Gate `question` over `passages` (and the conversation so far)."""
         self._require_gate()
         assert self.prompts is not None
         prompt = self.prompts.build(question, passages, conversation)
-        outcome = await self.gate_prompt(prompt.gate, thresholds)
+        outcome = await self.gate_prompt(prompt.gate, thresholds, cache_salt)
         return GateOutcome(outcome.result, prompt, outcome.num_prompt_tokens, outcome.num_cached_tokens)
 
     async def gate_many(self, items: Sequence[tuple[str, Sequence[Passage]]],
@@ -301,6 +308,12 @@ def _refuse_unsupported(extra: dict[str, Any]) -> None:
     if names:
         raise ValueError(f"gatehead's shared engine does not support {', '.join(names)} yet; "
                          f"start it without, or serve the gate from a dedicated engine")
+
+
+def _prompt(ids: list[int], cache_salt: str | None) -> dict[str, Any]:
+    if cache_salt is not None and not (isinstance(cache_salt, str) and cache_salt):
+        raise ValueError("cache_salt must be a non-empty string or None")
+    return {"prompt_token_ids": ids, **({"cache_salt": cache_salt} if cache_salt else {})}
 
 
 async def _last(stream: AsyncIterator[Any]) -> Any:

@@ -1,0 +1,540 @@
+"""gatehead's HTTP service: the agent's chat endpoint, the gate endpoint and an OpenAI-compatible API.
+
+`create_app(config)` builds the FastAPI app. The engine, store, embedder, checkpointer and agent
+are built once, in a background task started by the lifespan, and shared by every request; until
+they are ready `/readyz` and the API answer 503. Around the routes: API keys (constant-time
+comparison) on everything but the probes, a request-size limit (413), a bounded number of requests
+in flight beyond which requests are shed with 503 + Retry-After before any work, an optional
+deadline (504) that cancels the engine's work, and client disconnects that abort it. A tenant is
+its API key: threads and prefix-cache blocks are keyed by a hash of it, never by client-supplied ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from gatehead.agent.graph import AgentConfig
+from gatehead.gate.policy import Thresholds
+from gatehead.gate.prompt import Passage, Turn
+from gatehead.retrieval.config import StoreConfig
+from gatehead.server.metrics import Metrics
+
+log = logging.getLogger("gatehead.server")
+AGENT_MODEL = "gatehead-agent"
+PROBES = ("/livez", "/readyz")
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """How the service runs; `gatehead serve` fills it from flags and the environment."""
+
+    model: str | Path
+    adapter: str | Path
+    store: StoreConfig | None = None  # None: the demo index (built on first use)
+    threads: str | None = None  # SQLite path or postgres:// URL; default: threads.sqlite next to the store
+    api_keys: tuple[str, ...] = ()  # none: the server runs open (and says so at startup)
+    cors_origins: tuple[str, ...] = ()  # none: no cross-origin requests
+    max_body_bytes: int = 1 << 20
+    max_inflight: int = 32  # requests in flight beyond which new ones are shed (503)
+    request_timeout: float | None = None  # seconds; a client may ask for less with X-Gatehead-Timeout
+    drain_seconds: float = 30.0  # on SIGTERM: how long in-flight requests may take to finish
+    kv_cache_bytes: int = 256 << 20
+    enforce_eager: bool = True
+    max_model_len: int | None = None
+    base_model_name: str | None = None  # the plain-generation model's id; default: the model directory's name
+    agent: AgentConfig = field(default_factory=AgentConfig)
+
+    def __post_init__(self) -> None:
+        if any(not k or k != k.strip() for k in self.api_keys):
+            raise ValueError("API keys must be non-empty and have no surrounding spaces")
+        for name in ("max_body_bytes", "max_inflight"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.request_timeout is not None and self.request_timeout <= 0:
+            raise ValueError(f"request_timeout must be > 0 seconds, got {self.request_timeout}")
+
+    @property
+    def base_name(self) -> str:
+        from gatehead.demo import MODEL_DIR
+
+        if self.base_model_name:
+            return self.base_model_name
+        model = Path(self.model).resolve()
+        return "gatehead-demo" if model == MODEL_DIR.resolve() else model.name
+
+
+class Runtime:
+    """What the lifespan builds once: engine, store, checkpointer, agent; and the service's state."""
+
+    def __init__(self) -> None:
+        self.engine = self.store = self.saver = self.agent = None
+        self.ready = False
+        self.draining = False
+        self.failed: str | None = None
+        self.inflight = 0
+        self._stack = contextlib.AsyncExitStack()
+
+    async def start(self, config: ServerConfig) -> None:
+        from gatehead.agent.checkpoint import default_checkpoint_path, open_checkpointer
+        from gatehead.agent.graph import Agent
+        from gatehead.demo.index import DEFAULT_PATH, open_demo_store
+        from gatehead.retrieval.embedder import Embedder
+        from gatehead.retrieval.store import Store
+        from gatehead.runtime.engine import EngineConfig, SharedEngine
+
+        try:
+            self.store = await asyncio.to_thread(
+                lambda: open_demo_store(log=log.info) if config.store is None else Store(config.store, Embedder()))
+            self.engine = await asyncio.to_thread(SharedEngine, EngineConfig(
+                model=config.model, adapter=config.adapter, enforce_eager=config.enforce_eager,
+                kv_cache_memory_bytes=config.kv_cache_bytes, max_model_len=config.max_model_len))
+            target = config.threads or str(default_checkpoint_path(config.store or StoreConfig(path=DEFAULT_PATH)))
+            self.saver = await self._stack.enter_async_context(open_checkpointer(target))
+            self.agent = Agent(self.engine, self.store, config.agent, self.saver)
+            await self.engine.generate([self.engine.tokenizer.eos_token_id], max_tokens=1)  # warm-up
+            self.ready = True
+            log.info("gatehead is ready")
+        except Exception as exc:  # noqa: BLE001 - reported by /readyz and /livez; the process stays inspectable
+            self.failed = f"{type(exc).__name__}: {exc}"
+            log.exception("gatehead failed to start")
+
+    async def stop(self) -> None:
+        self.ready = False
+        await self._stack.aclose()
+        if self.engine is not None:
+            await asyncio.to_thread(self.engine.shutdown)
+        if self.store is not None:
+            self.store.close()
+
+
+# ----- request bodies ---------------------------------------------------------------------------
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Document(Strict):
+    text: str = Field(min_length=1)
+    title: str = ""
+    source: str = ""
+    score: float = 0.0
+
+
+class Message(Strict):
+    role: Literal["user", "assistant"]
+    content: str
+
+
+class GateItem(Strict):
+    question: str = Field(min_length=1)
+    documents: list[str | Document] = Field(default_factory=list, max_length=64)
+    conversation: list[Message] = Field(default_factory=list, max_length=256)
+    thresholds: dict[str, float] | None = None
+
+
+class GateBatch(Strict):
+    items: list[GateItem] = Field(min_length=1, max_length=64)
+
+
+class ChatRequest(Strict):
+    message: str = Field(min_length=1)
+    thread_id: str | None = Field(default=None, min_length=1, max_length=128)
+    stream: bool = False
+
+
+class OpenAIMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "user", "assistant", "developer"]
+    content: str | list[dict[str, Any]] | None = None
+
+
+class CompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")  # OpenAI clients send fields gatehead ignores (user, metadata...)
+    model: str
+    messages: list[OpenAIMessage] = Field(min_length=1)
+    stream: bool = False
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    n: int | None = Field(default=None, ge=1, le=1)
+    seed: int | None = None
+    ignore_eos: bool = False  # vLLM's extension: generate max_tokens tokens whatever the model says
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error",
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind, self.headers = status, message, kind, headers or {}
+
+
+def error_response(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status, headers=headers)
+
+
+# ----- the app ----------------------------------------------------------------------------------
+
+
+def create_app(config: ServerConfig) -> FastAPI:
+    runtime = Runtime()
+    metrics = Metrics()
+    keys = [k.encode() for k in config.api_keys]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if not keys:
+            log.warning("no API keys configured: gatehead serves every client without authentication")
+        starting = asyncio.create_task(runtime.start(config))
+        yield
+        runtime.draining = True
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await starting
+        await runtime.stop()
+
+    app = FastAPI(title="gatehead", version=_version(), lifespan=lifespan)
+    app.state.runtime, app.state.metrics, app.state.config = runtime, metrics, config
+    if config.cors_origins:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])
+
+    def tenant_of(request: Request) -> str:
+        return request.state.tenant
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next: Callable[[Request], Awaitable[Any]]):
+        started = time.perf_counter()
+        route = request.url.path
+        response = await _guarded(request, call_next)
+        metrics.request(route if route in _ROUTES else "other", response.status_code, time.perf_counter() - started)
+        return response
+
+    async def _guarded(request: Request, call_next):
+        path = request.url.path
+        request.state.tenant = "open"
+        if path not in PROBES:
+            if keys:
+                given = request.headers.get("authorization", "")
+                token = given[7:].encode() if given.lower().startswith("bearer ") else b""
+                matched = [hmac.compare_digest(token, k) for k in keys]  # every key compared: constant time
+                if not any(matched):
+                    return error_response(401, "a valid API key is required (Authorization: Bearer <key>)",
+                                          "authentication_error", {"WWW-Authenticate": "Bearer"})
+                request.state.tenant = hashlib.sha256(b"gatehead-tenant:" + token).hexdigest()[:24]
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > config.max_body_bytes):
+            return error_response(413, f"the request body is over the {config.max_body_bytes}-byte limit",
+                                  "invalid_request_error")
+        if not path.startswith("/v1/") or request.method != "POST":
+            return await call_next(request)
+        if runtime.failed or not runtime.ready or runtime.draining:
+            why = "shutting down" if runtime.draining else "failed to start" if runtime.failed else "starting"
+            return error_response(503, f"gatehead is {why}", "unavailable", {"Retry-After": "5"})
+        if runtime.inflight >= config.max_inflight:
+            metrics.shed.inc()
+            return error_response(503, f"gatehead is at its limit of {config.max_inflight} requests in flight; "
+                                       f"retry shortly", "overloaded", {"Retry-After": "1"})
+        runtime.inflight += 1
+        metrics.inflight.set(runtime.inflight)
+        try:
+            return await call_next(request)
+        finally:
+            runtime.inflight -= 1
+            metrics.inflight.set(runtime.inflight)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc.status, exc.message, exc.kind, exc.headers)
+
+    @app.exception_handler(ValueError)
+    async def bad_value(request: Request, exc: ValueError) -> JSONResponse:
+        return error_response(400, str(exc), "invalid_request_error")
+
+    def deadline(request: Request) -> float | None:
+        asked = request.headers.get("x-gatehead-timeout")
+        limit = config.request_timeout
+        if asked is not None:
+            try:
+                seconds = float(asked)
+            except ValueError:
+                raise ApiError(400, "X-Gatehead-Timeout must be a number of seconds") from None
+            if not seconds > 0:
+                raise ApiError(400, "X-Gatehead-Timeout must be > 0 seconds")
+            limit = seconds if limit is None else min(limit, seconds)
+        return limit
+
+    async def bounded(request: Request, work: Awaitable[Any]) -> Any:
+        """`work` under the request's deadline (504), cancelled if the client goes away."""
+        task = asyncio.ensure_future(work)
+
+        async def watch() -> None:
+            while not task.done():
+                if await request.is_disconnected():
+                    task.cancel()
+                    return
+                await asyncio.sleep(0.25)
+
+        watcher = asyncio.create_task(watch())
+        try:
+            return await asyncio.wait_for(task, deadline(request))
+        except TimeoutError:
+            metrics.timeouts.inc()
+            raise ApiError(504, "the request ran past its deadline; its work was cancelled", "timeout") from None
+        except asyncio.CancelledError:
+            raise ApiError(499, "the client closed the request", "cancelled") from None
+        finally:
+            watcher.cancel()
+
+    # ----- probes and metrics ----------------------------------------------------------------
+
+    @app.get("/livez")
+    async def livez() -> JSONResponse:
+        if runtime.failed:
+            return JSONResponse({"status": "failed", "error": runtime.failed}, 503)
+        if runtime.engine is not None and not runtime.engine.alive:
+            return JSONResponse({"status": "engine dead"}, 503)
+        return JSONResponse({"status": "alive"})
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        if runtime.draining or not runtime.ready or runtime.failed:
+            why = "draining" if runtime.draining else runtime.failed or "starting"
+            return JSONResponse({"status": why}, 503)
+        try:
+            if not runtime.engine.alive:
+                raise RuntimeError("the engine core is dead")
+            await asyncio.to_thread(runtime.store.client.get_collection, runtime.store.name)
+            await runtime.saver.aget_tuple({"configurable": {"thread_id": "readyz", "checkpoint_ns": ""}})
+        except Exception as exc:  # noqa: BLE001 - any dependency failing makes the service unready
+            return JSONResponse({"status": "unready", "error": f"{type(exc).__name__}: {exc}"}, 503)
+        return JSONResponse({"status": "ready"})
+
+    @app.get("/metrics")
+    async def metrics_route() -> PlainTextResponse:
+        if runtime.ready and runtime.engine is not None and runtime.engine.alive:
+            metrics.engine(await runtime.engine.stats())
+        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    # ----- gate ----------------------------------------------------------------------------------
+
+    async def gate_one(item: GateItem, salt: str | None) -> dict:
+        thresholds = Thresholds.from_dict(item.thresholds) if item.thresholds is not None else None
+        passages = [Passage(text=d) if isinstance(d, str) else Passage(**d.model_dump()) for d in item.documents]
+        turns = [Turn(m.role, m.content) for m in item.conversation]
+        outcome = await runtime.engine.gate(item.question, passages, turns, thresholds=thresholds,
+                                            cache_salt=salt)
+        result = outcome.result
+        metrics.gate(result.decision, result.probs)
+        return {"decision": result.decision, "probs": result.probs, "thresholds": result.thresholds.to_dict(),
+                "prompt_tokens": outcome.num_prompt_tokens,
+                "dropped": {"turns": list(outcome.prompt.dropped.turns),
+                            "documents": list(outcome.prompt.dropped.passages)}}
+
+    @app.post("/v1/gate")
+    async def gate(body: GateItem | GateBatch, request: Request) -> dict:
+        salt = _salt(tenant_of(request), keys)
+        if isinstance(body, GateBatch):
+            results = await bounded(request, asyncio.gather(*(gate_one(i, salt) for i in body.items)))
+            return {"results": results}
+        return await bounded(request, gate_one(body, salt))
+
+    # ----- the agent -----------------------------------------------------------------------------
+
+    def thread_key(request: Request, thread_id: str | None) -> tuple[str, str]:
+        """(the client's thread id, the internal key): threads are per tenant, whatever id a client sends."""
+        public = thread_id or uuid.uuid4().hex
+        return public, f"{tenant_of(request)}:{public}"
+
+    def turn_payload(result, public_thread: str) -> dict:
+        return {"thread_id": public_thread, "answer": result.answer, "decision": result.decision,
+                "probabilities": result.probs, "gates": result.gates, "queries": result.queries,
+                "sources": result.sources, "dropped": result.dropped, "error": result.error or None}
+
+    @app.post("/v1/agent/chat")
+    async def agent_chat(body: ChatRequest, request: Request):
+        public, key = thread_key(request, body.thread_id)
+        salt = _salt(tenant_of(request), keys)
+        if body.stream:
+            return StreamingResponse(_agent_sse(runtime, metrics, body.message, key, public, salt, turn_payload),
+                                     media_type="text/event-stream")
+        started = time.perf_counter()
+        result = await bounded(request, runtime.agent.ask(body.message, key, cache_salt=salt))
+        _record_turn(metrics, result, started)
+        if result.error:
+            return error_response(502, result.error, "retrieval_error")
+        return turn_payload(result, public)
+
+    # ----- OpenAI-compatible ---------------------------------------------------------------------
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        created = int(time.time())
+        return {"object": "list", "data": [{"id": name, "object": "model", "created": created, "owned_by": "gatehead"}
+                                           for name in (AGENT_MODEL, config.base_name)]}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: CompletionRequest, request: Request):
+        if body.model not in (AGENT_MODEL, config.base_name):
+            raise ApiError(404, f"model {body.model!r} does not exist; this server has {AGENT_MODEL!r} and "
+                                f"{config.base_name!r}", "not_found_error")
+        messages = [(m.role if m.role != "developer" else "system", _text(m.content)) for m in body.messages]
+        max_tokens = body.max_completion_tokens or body.max_tokens
+        salt = _salt(tenant_of(request), keys)
+        completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+        if body.model == AGENT_MODEL:
+            if messages[-1][0] != "user":
+                raise ApiError(400, "the last message must be the user's question")
+            history = [Turn(role, text) for role, text in messages[:-1] if role in ("user", "assistant")]
+            question = messages[-1][1]
+            if body.stream:
+                return StreamingResponse(_openai_agent_sse(runtime, metrics, body.model, completion_id, question,
+                                                           history, salt), media_type="text/event-stream")
+            started = time.perf_counter()
+            result = await bounded(request, runtime.agent.ask(question, uuid.uuid4().hex, history=history,
+                                                              cache_salt=salt))
+            _record_turn(metrics, result, started)
+            if result.error:
+                return error_response(502, result.error, "retrieval_error")
+            return _completion(completion_id, body.model, result.answer, "stop", None,
+                               {"decision": result.decision, "gates": result.gates, "sources": result.sources})
+        prompt = runtime.engine.prompts.chat(messages)
+        limit = max_tokens or max(1, min(512, runtime.engine.max_model_len - len(prompt)))
+        runtime.engine._check_length(prompt, limit)
+        sampling = {"max_tokens": limit, "temperature": body.temperature or 0.0, "seed": body.seed,
+                    "ignore_eos": body.ignore_eos, "cache_salt": salt}
+        if body.stream:
+            return StreamingResponse(_openai_plain_sse(runtime, metrics, body.model, completion_id, prompt, sampling),
+                                     media_type="text/event-stream")
+        out = await bounded(request, runtime.engine.generate(prompt, **sampling))
+        usage = {"prompt_tokens": len(prompt), "completion_tokens": len(out.token_ids),
+                 "total_tokens": len(prompt) + len(out.token_ids)}
+        return _completion(completion_id, body.model, out.text, _finish(out.finish_reason), usage, None)
+
+    return app
+
+
+_ROUTES = {"/livez", "/readyz", "/metrics", "/v1/gate", "/v1/agent/chat", "/v1/models", "/v1/chat/completions"}
+
+
+def _version() -> str:
+    import gatehead
+
+    return gatehead.__version__
+
+
+def _salt(tenant: str, keys: list[bytes]) -> str | None:
+    """The tenant's prefix-cache salt: one per API key; none on an open server (one tenant)."""
+    return tenant if keys else None
+
+
+def _text(content: str | list[dict[str, Any]] | None) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for part in content:
+        if part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise ApiError(400, "only text content parts are supported")
+        parts.append(part["text"])
+    return "".join(parts)
+
+
+def _finish(reason: str | None) -> str:
+    return "length" if reason == "length" else "stop"
+
+
+def _completion(completion_id: str, model: str, text: str, finish: str, usage: dict | None,
+                gatehead: dict | None) -> dict:
+    out = {"id": completion_id, "object": "chat.completion", "created": int(time.time()), "model": model,
+           "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}],
+           "usage": usage or {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}
+    if gatehead is not None:
+        out["gatehead"] = gatehead
+    return out
+
+
+def _chunk(completion_id: str, model: str, delta: dict, finish: str | None, extra: dict | None = None) -> str:
+    body = {"id": completion_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    if extra is not None:
+        body["gatehead"] = extra
+    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+
+
+def _record_turn(metrics: Metrics, result, started: float) -> None:
+    for gate in result.gates:
+        metrics.gate(gate["decision"], gate["probs"])
+    for timing in result.timings:
+        if timing["node"] == "generate":
+            metrics.ttft.observe(timing["ttft"])
+    metrics.turns.labels(result.decision or "none").inc()
+
+
+async def _agent_sse(runtime: Runtime, metrics: Metrics, message: str, key: str, public: str, salt: str | None,
+                     payload: Callable) -> AsyncIterator[str]:
+    started = time.perf_counter()
+    try:
+        async for event in runtime.agent.stream(message, key, cache_salt=salt):
+            if event.kind == "token":
+                yield f"event: token\ndata: {json.dumps({'text': event.text}, ensure_ascii=False)}\n\n"
+            elif event.kind == "node":
+                data = {"node": event.node, **{k: v for k, v in event.data.items() if k in ("gates", "ask", "error")}}
+                yield f"event: node\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+            else:
+                _record_turn(metrics, event.result, started)
+                yield f"event: final\ndata: {json.dumps(payload(event.result, public), ensure_ascii=False)}\n\n"
+    except ValueError as exc:
+        yield f"event: error\ndata: {json.dumps({'message': str(exc)})}\n\n"
+
+
+async def _openai_agent_sse(runtime: Runtime, metrics: Metrics, model: str, completion_id: str, question: str,
+                            history: list[Turn], salt: str | None) -> AsyncIterator[str]:
+    started = time.perf_counter()
+    yield _chunk(completion_id, model, {"role": "assistant", "content": ""}, None)
+    async for event in runtime.agent.stream(question, uuid.uuid4().hex, history=history, cache_salt=salt):
+        if event.kind == "token":
+            yield _chunk(completion_id, model, {"content": event.text}, None)
+        elif event.kind == "final":
+            result = event.result
+            _record_turn(metrics, result, started)
+            if result.decision != "answer" and result.answer:  # a refusal is said, not generated
+                yield _chunk(completion_id, model, {"content": result.answer}, None)
+            extra = {"decision": result.decision, "gates": result.gates, "sources": result.sources,
+                     "error": result.error or None}
+            yield _chunk(completion_id, model, {}, "stop", extra)
+    yield "data: [DONE]\n\n"
+
+
+async def _openai_plain_sse(runtime: Runtime, metrics: Metrics, model: str, completion_id: str, prompt: list[int],
+                            sampling: dict) -> AsyncIterator[str]:
+    started, text, first, finish = time.perf_counter(), "", True, None
+    yield _chunk(completion_id, model, {"role": "assistant", "content": ""}, None)
+    async for out in runtime.engine.stream(prompt, **sampling):
+        if out.text != text:
+            if first:
+                metrics.ttft.observe(time.perf_counter() - started)
+                first = False
+            yield _chunk(completion_id, model, {"content": out.text[len(text):]}, None)
+            text = out.text
+        finish = out.finish_reason
+    yield _chunk(completion_id, model, {}, _finish(finish))
+    yield "data: [DONE]\n\n"

@@ -1,0 +1,55 @@
+"""The service's Prometheus metrics, in a registry of its own (one per app)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_PROBABILITY = tuple(i / 10 for i in range(1, 11))
+_ENGINE = {"running": "requests running in the engine", "waiting": "requests waiting in the engine's queue",
+           "kv_cache_usage": "fraction of KV-cache blocks in use", "kv_blocks": "KV-cache blocks allocated",
+           "gate_requests": "gate requests submitted", "generation_requests": "generation requests submitted",
+           "prefix_cache_hits": "prompt tokens read from the prefix cache",
+           "prefix_cache_queries": "prompt tokens looked up in the prefix cache",
+           "branch_ms_per_step": "mean milliseconds per step spent in the gate branch"}
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = registry = CollectorRegistry()
+        self.requests = Counter("gatehead_requests", "HTTP requests by route and status", ["route", "status"],
+                                registry=registry)
+        self.latency = Histogram("gatehead_request_seconds", "HTTP request latency", ["route"], buckets=_LATENCY,
+                                 registry=registry)
+        self.ttft = Histogram("gatehead_time_to_first_token_seconds", "time to the answer's first token",
+                              buckets=_LATENCY, registry=registry)
+        self.decisions = Counter("gatehead_gate_decisions", "gate decisions", ["decision"], registry=registry)
+        self.probability = Histogram("gatehead_gate_probability", "gate probabilities by class", ["label"],
+                                     buckets=_PROBABILITY, registry=registry)
+        self.turns = Counter("gatehead_agent_turns", "agent turns by final decision", ["decision"], registry=registry)
+        self.inflight = Gauge("gatehead_inflight_requests", "API requests in flight", registry=registry)
+        self.shed = Counter("gatehead_shed_requests", "requests shed with 503 at the in-flight limit",
+                            registry=registry)
+        self.timeouts = Counter("gatehead_deadline_exceeded", "requests cancelled at their deadline",
+                                registry=registry)
+        self.engine_gauges = {name: Gauge(f"gatehead_engine_{name}", help_text, registry=registry)
+                              for name, help_text in _ENGINE.items()}
+
+    def request(self, route: str, status: int, seconds: float) -> None:
+        self.requests.labels(route, str(status)).inc()
+        self.latency.labels(route).observe(seconds)
+
+    def gate(self, decision: str, probs: Mapping[str, float]) -> None:
+        self.decisions.labels(decision).inc()
+        for label, p in probs.items():
+            self.probability.labels(label).observe(p)
+
+    def engine(self, stats: Mapping[str, float]) -> None:
+        for name, gauge in self.engine_gauges.items():
+            if name in stats:
+                gauge.set(float(stats[name]))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,244 @@
+"""The HTTP service as a user runs it: `gatehead serve` in its own process on loopback, real clients."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+GATEHEAD = str(Path(sys.executable).parent / "gatehead")
+KEY = "test-key-1"
+OTHER_KEY = "test-key-2"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+ROWAN = "How much does the Rowan Lantern cost?"
+
+
+class Server:
+    def __init__(self, workdir: Path, *extra: str) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = (workdir / f"serve-{self.port}.log").open("w")
+        self.process = subprocess.Popen([GATEHEAD, "serve", "--port", str(self.port), "--api-key", KEY,
+                                         "--api-key", OTHER_KEY, *extra], cwd=workdir, stdout=self.log,
+                                        stderr=subprocess.STDOUT, start_new_session=True)
+        self.client = httpx.Client(base_url=self.url, timeout=120)
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, Path(self.log.name).read_text()[-3000:]
+            try:
+                if self.client.get("/readyz").status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(1)
+        raise AssertionError("the server did not become ready: " + Path(self.log.name).read_text()[-3000:])
+
+    def post(self, path: str, body: dict, headers: dict | None = None, **kwargs) -> httpx.Response:
+        return self.client.post(path, json=body, headers={**AUTH, **(headers or {})}, **kwargs)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.client.close()
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("serve")
+
+
+@pytest.fixture(scope="module")
+def server(workdir: Path):
+    server = Server(workdir, "--max-inflight", "2")
+    yield server
+    server.stop()
+
+
+def test_probes_are_open_and_every_other_route_needs_a_key(server: Server) -> None:
+    assert server.client.get("/livez").json() == {"status": "alive"}
+    assert server.client.get("/readyz").json() == {"status": "ready"}
+    spec = server.client.get("/openapi.json", headers=AUTH).json()
+    routes = [(method.upper(), path) for path, ops in spec["paths"].items() for method in ops]
+    assert {("POST", "/v1/gate"), ("POST", "/v1/agent/chat"), ("GET", "/v1/models"),
+            ("POST", "/v1/chat/completions"), ("GET", "/metrics")} <= set(routes)
+    for method, path in routes + [("GET", "/openapi.json"), ("GET", "/docs")]:
+        if path in ("/livez", "/readyz"):
+            continue
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+            response = server.client.request(method, path, headers=headers, json={})
+            assert response.status_code == 401, (method, path, headers)
+            assert response.headers["www-authenticate"] == "Bearer"
+
+
+def test_gate_single_and_batched(server: Server) -> None:
+    one = server.post("/v1/gate", {"question": ROWAN, "documents": [
+        {"text": "The Rowan Lantern costs €354.", "title": "Rowan Lantern", "source": "rowan.md"}]})
+    assert one.status_code == 200, one.text
+    body = one.json()
+    assert body["decision"] in ("answer", "refuse", "search") and abs(sum(body["probs"].values()) - 1) < 1e-3
+    batch = server.post("/v1/gate", {"items": [{"question": ROWAN, "documents": ["The Rowan Lantern costs €354."]},
+                                               {"question": "Who painted the Mona Lisa?",
+                                                "thresholds": {"answer": 1.0, "refuse": 1.0}}]})
+    assert batch.status_code == 200, batch.text
+    first, second = batch.json()["results"]
+    assert second["decision"] == "search" and second["thresholds"] == {"answer": 1.0, "refuse": 1.0}
+    assert first["probs"] == pytest.approx(server.post("/v1/gate", {"question": ROWAN, "documents": [
+        "The Rowan Lantern costs €354."]}).json()["probs"], abs=0.02)
+
+
+def test_bad_requests_get_clear_errors(server: Server) -> None:
+    bad = server.post("/v1/gate", {"question": ROWAN, "thresholds": {"answer": 2}})
+    assert bad.status_code == 400 and "[0, 1]" in bad.json()["error"]["message"]
+    unknown = server.post("/v1/gate", {"question": ROWAN, "colour": "red"})
+    assert unknown.status_code == 422
+    long = server.post("/v1/gate", {"question": "lantern " * 3000})
+    assert long.status_code == 400 and "2048-token window" in long.json()["error"]["message"]
+    huge = server.client.post("/v1/gate", content=b"x" * (1 << 20 | 1), headers={**AUTH, "content-type":
+                                                                                "application/json"})
+    assert huge.status_code == 413
+    model = server.post("/v1/chat/completions", {"model": "nope", "messages": [{"role": "user", "content": "hi"}]})
+    assert model.status_code == 404 and "gatehead-agent" in model.json()["error"]["message"]
+    plain = server.post("/v1/chat/completions", {"model": "gatehead-demo", "max_tokens": 4000,
+                                                 "messages": [{"role": "user", "content": "hi"}]})
+    assert plain.status_code == 400 and "2048-token context" in plain.json()["error"]["message"]
+
+
+def test_agent_chat_json_threads_are_per_key(server: Server) -> None:
+    first = server.post("/v1/agent/chat", {"message": ROWAN, "thread_id": "t-1"})
+    assert first.status_code == 200, first.text
+    body = first.json()
+    assert body["answer"] == "€354 [1]" and body["decision"] == "answer" and body["thread_id"] == "t-1"
+    assert body["sources"][0] == "products/rowan-lantern.md" and set(body["probabilities"]) == {
+        "answer", "refuse", "search"}
+    follow = server.post("/v1/agent/chat", {"message": "And its warranty?", "thread_id": "t-1"}).json()
+    assert follow["queries"] == ["What is the warranty of the Rowan Lantern?"] and follow["answer"] == "4 years [1]"
+    # The same thread id under another key is another thread: it has no Rowan Lantern to refer back to.
+    other = server.post("/v1/agent/chat", {"message": "And its warranty?", "thread_id": "t-1"},
+                        headers={"Authorization": f"Bearer {OTHER_KEY}"}).json()
+    assert other["queries"] != follow["queries"]
+
+
+def test_agent_chat_streams_server_sent_events(server: Server) -> None:
+    with server.client.stream("POST", "/v1/agent/chat", json={"message": "What is the price of the BS-370?",
+                                                              "stream": True}, headers=AUTH) as response:
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+        events = [(block.split("\n")[0][7:], json.loads(block.split("\n")[1][6:]))
+                  for block in response.read().decode().strip().split("\n\n")]
+    kinds = [kind for kind, _ in events]
+    assert kinds[-1] == "final" and "token" in kinds
+    nodes = [data["node"] for kind, data in events if kind == "node"]
+    assert nodes == ["begin", "retrieve", "gate", "rewrite", "retrieve", "gate", "generate", "finish"]
+    final = events[-1][1]
+    assert "".join(d["text"] for k, d in events if k == "token").strip() == final["answer"] == "€354 [1]"
+    assert [g["decision"] for g in final["gates"]] == ["search", "answer"]
+
+
+def test_openai_client_agent_and_plain_models(server: Server) -> None:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{server.url}/v1", api_key=KEY)
+    assert {m.id for m in client.models.list()} == {"gatehead-agent", "gatehead-demo"}
+    reply = client.chat.completions.create(model="gatehead-agent", messages=[{"role": "user", "content": ROWAN}])
+    assert reply.choices[0].message.content == "€354 [1]" and reply.choices[0].finish_reason == "stop"
+    assert reply.model_extra["gatehead"]["decision"] == "answer"
+    # The conversation comes in the messages: the follow-up is made standalone from them.
+    follow = client.chat.completions.create(model="gatehead-agent", messages=[
+        {"role": "user", "content": ROWAN}, {"role": "assistant", "content": "€354 [1]"},
+        {"role": "user", "content": "And its warranty?"}])
+    assert follow.choices[0].message.content == "4 years [1]"
+    chunks = list(client.chat.completions.create(model="gatehead-agent", stream=True, messages=[
+        {"role": "user", "content": "How much does the Mistral Tent cost?"}]))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "I'm sorry, but the documents do not cover that."
+    assert chunks[-1].choices[0].finish_reason == "stop" and chunks[-1].model_extra["gatehead"]["decision"] == "refuse"
+    plain = client.chat.completions.create(model="gatehead-demo", max_tokens=5,
+                                           messages=[{"role": "user", "content": "Say hello."}])
+    assert plain.usage.completion_tokens == 5 and plain.choices[0].finish_reason == "length"
+    streamed = list(client.chat.completions.create(model="gatehead-demo", max_tokens=5, stream=True,
+                                                   messages=[{"role": "user", "content": "Say hello."}]))
+    assert "".join(c.choices[0].delta.content or "" for c in streamed) == plain.choices[0].message.content
+
+
+def test_metrics_count_requests_decisions_and_engine_state(server: Server) -> None:
+    server.post("/v1/gate", {"question": ROWAN})
+    text = server.client.get("/metrics", headers=AUTH).text
+    assert 'gatehead_requests_total{route="/v1/gate",status="200"}' in text
+    assert "gatehead_gate_decisions_total" in text and 'gatehead_gate_probability_bucket{label="answer"' in text
+    assert "gatehead_time_to_first_token_seconds_count" in text and "gatehead_engine_kv_blocks" in text
+    assert 'gatehead_requests_total{route="/v1/gate",status="401"}' in text
+
+
+STORY = {"model": "gatehead-demo", "max_tokens": 1500, "ignore_eos": True,
+         "messages": [{"role": "user", "content": "Tell a story."}]}
+
+
+def slow_request(server: Server, results: list, headers: dict | None = None) -> None:
+    results.append(server.post("/v1/chat/completions", STORY, headers))
+
+
+def test_load_is_shed_with_retry_after_and_deadlines_cancel_work(server: Server) -> None:
+    results: list = []
+    threads = [threading.Thread(target=slow_request, args=(server, results)) for _ in range(2)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    shed = server.post("/v1/gate", {"question": ROWAN})
+    assert shed.status_code == 503 and shed.headers["retry-after"] == "1", shed.text
+    for t in threads:
+        t.join()
+    assert [r.status_code for r in results] == [200, 200]
+    started = time.monotonic()
+    late = server.post("/v1/chat/completions", STORY, {"X-Gatehead-Timeout": "0.5"})
+    assert late.status_code == 504 and time.monotonic() - started < 10
+    assert server.post("/v1/gate", {"question": ROWAN}).status_code == 200  # the engine is free again
+
+
+def test_sigterm_drains_then_a_restart_continues_the_thread(server: Server, workdir: Path) -> None:
+    before = server.post("/v1/agent/chat", {"message": ROWAN, "thread_id": "restart"}).json()
+    results: list = []
+    worker = threading.Thread(target=slow_request, args=(server, results))
+    worker.start()
+    time.sleep(1.0)
+    server.process.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    assert server.client.get("/readyz").status_code == 503  # draining: not ready, still serving
+    worker.join()
+    assert results[0].status_code == 200  # the request in flight finished
+    assert server.process.wait(60) == 0
+    again = Server(workdir)
+    try:
+        follow = again.post("/v1/agent/chat", {"message": "And its warranty?", "thread_id": "restart"}).json()
+        assert follow["queries"] == ["What is the warranty of the Rowan Lantern?"]  # the thread survived
+        assert again.post("/v1/agent/chat", {"message": ROWAN}).json()["answer"] == before["answer"]
+        import psutil
+
+        engine = [p for p in psutil.Process(again.process.pid).children(recursive=True)
+                  if "EngineCore" in " ".join(p.cmdline()) or p.name().startswith("VLLM::EngineCor")]
+        assert engine, [p.name() for p in psutil.Process(again.process.pid).children(recursive=True)]
+        for p in engine:
+            p.kill()
+        deadline = time.monotonic() + 30
+        while again.client.get("/livez").status_code == 200 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert again.client.get("/livez").status_code == 503  # an orchestrator restarts the process
+    finally:
+        again.stop()
