@@ -32,6 +32,7 @@ from gatehead.agent.graph import AgentConfig
 from gatehead.gate.policy import Thresholds
 from gatehead.gate.prompt import Passage, Turn
 from gatehead.retrieval.config import StoreConfig
+from gatehead.runtime.engine import GateError
 from gatehead.server.metrics import Metrics
 
 log = logging.getLogger("gatehead.server")
@@ -166,7 +167,7 @@ class OpenAIMessage(BaseModel):
 
 class CompletionRequest(BaseModel):
     model_config = ConfigDict(extra="allow")  # OpenAI clients send fields gatehead ignores (user, metadata...)
-    model: str
+    model: str = Field(examples=[AGENT_MODEL, "gatehead-demo"])
     messages: list[OpenAIMessage] = Field(min_length=1)
     stream: bool = False
     max_tokens: int | None = Field(default=None, ge=1)
@@ -219,50 +220,15 @@ def create_app(config: ServerConfig) -> FastAPI:
     def tenant_of(request: Request) -> str:
         return request.state.tenant
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next: Callable[[Request], Awaitable[Any]]):
-        started = time.perf_counter()
-        route = request.url.path
-        response = await _guarded(request, call_next)
-        metrics.request(route if route in _ROUTES else "other", response.status_code, time.perf_counter() - started)
-        return response
-
-    async def _guarded(request: Request, call_next):
-        path = request.url.path
-        request.state.tenant = "open"
-        if path not in PROBES:
-            if keys:
-                given = request.headers.get("authorization", "")
-                token = given[7:].encode() if given.lower().startswith("bearer ") else b""
-                matched = [hmac.compare_digest(token, k) for k in keys]  # every key compared: constant time
-                if not any(matched):
-                    return error_response(401, "a valid API key is required (Authorization: Bearer <key>)",
-                                          "authentication_error", {"WWW-Authenticate": "Bearer"})
-                request.state.tenant = hashlib.sha256(b"gatehead-tenant:" + token).hexdigest()[:24]
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > config.max_body_bytes):
-            return error_response(413, f"the request body is over the {config.max_body_bytes}-byte limit",
-                                  "invalid_request_error")
-        if not path.startswith("/v1/") or request.method != "POST":
-            return await call_next(request)
-        if runtime.failed or not runtime.ready or runtime.draining:
-            why = "shutting down" if runtime.draining else "failed to start" if runtime.failed else "starting"
-            return error_response(503, f"gatehead is {why}", "unavailable", {"Retry-After": "5"})
-        if runtime.inflight >= config.max_inflight:
-            metrics.shed.inc()
-            return error_response(503, f"gatehead is at its limit of {config.max_inflight} requests in flight; "
-                                       f"retry shortly", "overloaded", {"Retry-After": "1"})
-        runtime.inflight += 1
-        metrics.inflight.set(runtime.inflight)
-        try:
-            return await call_next(request)
-        finally:
-            runtime.inflight -= 1
-            metrics.inflight.set(runtime.inflight)
+    app.add_middleware(Guard, runtime=runtime, metrics=metrics, config=config, keys=keys)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
         return error_response(exc.status, exc.message, exc.kind, exc.headers)
+
+    @app.exception_handler(GateError)
+    async def gate_failed(request: Request, exc: GateError) -> JSONResponse:
+        return error_response(500, f"the gate failed: {exc}", "gate_error")
 
     @app.exception_handler(ValueError)
     async def bad_value(request: Request, exc: ValueError) -> JSONResponse:
@@ -288,6 +254,7 @@ def create_app(config: ServerConfig) -> FastAPI:
         async def watch() -> None:
             while not task.done():
                 if await request.is_disconnected():
+                    metrics.disconnects.inc()
                     task.cancel()
                     return
                 await asyncio.sleep(0.25)
@@ -429,6 +396,69 @@ def create_app(config: ServerConfig) -> FastAPI:
         return _completion(completion_id, body.model, out.text, _finish(out.finish_reason), usage, None)
 
     return app
+
+
+class Guard:
+    """ASGI middleware around every request: API key, body size, readiness, the in-flight bound, metrics.
+
+    Plain ASGI rather than Starlette's BaseHTTPMiddleware, so that routes see the client's disconnect.
+    """
+
+    def __init__(self, app, runtime: Runtime, metrics: Metrics, config: ServerConfig, keys: list[bytes]) -> None:
+        self.app, self.runtime, self.metrics, self.config, self.keys = app, runtime, metrics, config, keys
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started, status = time.perf_counter(), [500]
+
+        async def sending(message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self._guarded(scope, receive, sending)
+        finally:
+            path = scope["path"]
+            self.metrics.request(path if path in _ROUTES else "other", status[0], time.perf_counter() - started)
+
+    async def _guarded(self, scope, receive, send) -> None:
+        path, runtime, config = scope["path"], self.runtime, self.config
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        scope.setdefault("state", {})["tenant"] = "open"
+
+        async def reply(response) -> None:
+            await response(scope, receive, send)
+
+        if path not in PROBES and self.keys:
+            given = headers.get("authorization", "")
+            token = given[7:].encode() if given.lower().startswith("bearer ") else b""
+            matched = [hmac.compare_digest(token, k) for k in self.keys]  # every key compared: constant time
+            if not any(matched):
+                return await reply(error_response(401, "a valid API key is required (Authorization: Bearer <key>)",
+                                                  "authentication_error", {"WWW-Authenticate": "Bearer"}))
+            scope["state"]["tenant"] = hashlib.sha256(b"gatehead-tenant:" + token).hexdigest()[:24]
+        length = headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > config.max_body_bytes):
+            return await reply(error_response(413, f"the request body is over the {config.max_body_bytes}-byte "
+                                                   f"limit", "invalid_request_error"))
+        if not path.startswith("/v1/") or scope["method"] != "POST":
+            return await self.app(scope, receive, send)
+        if runtime.failed or not runtime.ready or runtime.draining:
+            why = "shutting down" if runtime.draining else "failed to start" if runtime.failed else "starting"
+            return await reply(error_response(503, f"gatehead is {why}", "unavailable", {"Retry-After": "5"}))
+        if runtime.inflight >= config.max_inflight:
+            self.metrics.shed.inc()
+            return await reply(error_response(503, f"gatehead is at its limit of {config.max_inflight} requests in "
+                                                   f"flight; retry shortly", "overloaded", {"Retry-After": "1"}))
+        runtime.inflight += 1
+        self.metrics.inflight.set(runtime.inflight)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            runtime.inflight -= 1
+            self.metrics.inflight.set(runtime.inflight)
 
 
 _ROUTES = {"/livez", "/readyz", "/metrics", "/v1/gate", "/v1/agent/chat", "/v1/models", "/v1/chat/completions"}

@@ -32,6 +32,8 @@ class Metrics:
         self.inflight = Gauge("gatehead_inflight_requests", "API requests in flight", registry=registry)
         self.shed = Counter("gatehead_shed_requests", "requests shed with 503 at the in-flight limit",
                             registry=registry)
+        self.disconnects = Counter("gatehead_client_disconnects", "requests cancelled because the client went away",
+                                   registry=registry)
         self.timeouts = Counter("gatehead_deadline_exceeded", "requests cancelled at their deadline",
                                 registry=registry)
         self.engine_gauges = {name: Gauge(f"gatehead_engine_{name}", help_text, registry=registry)

@@ -8,7 +8,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -20,6 +19,10 @@ KEY = "test-key-1"
 OTHER_KEY = "test-key-2"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 ROWAN = "How much does the Rowan Lantern cost?"
+
+
+STORY = {"model": "gatehead-demo", "max_tokens": 2000, "ignore_eos": True,
+         "messages": [{"role": "user", "content": "Tell a story."}]}
 
 
 class Server:
@@ -178,6 +181,53 @@ def test_openai_client_agent_and_plain_models(server: Server) -> None:
     assert "".join(c.choices[0].delta.content or "" for c in streamed) == plain.choices[0].message.content
 
 
+def test_langchain_chat_openai_works_unchanged(server: Server) -> None:
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(base_url=f"{server.url}/v1", api_key=KEY, model="gatehead-agent", temperature=0)
+    assert llm.invoke(ROWAN).content == "€354 [1]"
+    assert "".join(chunk.content for chunk in llm.stream(ROWAN)) == "€354 [1]"
+
+
+def engine_gauge(server: Server, name: str) -> float:
+    text = server.client.get("/metrics", headers=AUTH).text
+    return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(f"gatehead_engine_{name} ")))
+
+
+def test_prefix_cache_is_salted_per_key(server: Server) -> None:
+    long = {"model": "gatehead-demo", "max_tokens": 1, "messages": [
+        {"role": "user", "content": "Describe the lantern, the tent and the stove in detail. " * 12}]}
+    other = {"Authorization": f"Bearer {OTHER_KEY}"}
+    server.post("/v1/chat/completions", long)
+    hits = engine_gauge(server, "prefix_cache_hits")
+    server.post("/v1/chat/completions", long)  # the same key again: read from the cache
+    again = engine_gauge(server, "prefix_cache_hits")
+    assert again - hits >= 64
+    server.post("/v1/chat/completions", long, other)  # another key: nothing of the first key's blocks
+    assert engine_gauge(server, "prefix_cache_hits") == again
+
+
+def test_a_client_disconnect_aborts_the_work(server: Server) -> None:
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.url}/v1/chat/completions", json=STORY, headers=AUTH, timeout=0.3)
+    time.sleep(1.0)
+    text = server.client.get("/metrics", headers=AUTH).text
+    assert "gatehead_client_disconnects_total 1.0" in text
+    # A gate request now runs alone: the story (1,500 tokens, about 15 s) was aborted in the engine.
+    assert server.post("/v1/gate", {"question": ROWAN}).status_code == 200
+    assert engine_gauge(server, "running") <= 1
+
+
+def test_schema_fuzzing_finds_no_server_errors(server: Server, workdir: Path) -> None:
+    result = subprocess.run([str(Path(sys.executable).parent / "schemathesis"), "run", f"{server.url}/openapi.json",
+                             "-H", f"Authorization: Bearer {KEY}", "--checks", "not_a_server_error", "--mode", "all",
+                             "--max-examples", "15", "--seed", "1", "--generation-database", "none", "--no-shrink"],
+                            capture_output=True, text=True, timeout=600, cwd=workdir)
+    print(result.stdout[-3000:])
+    assert result.returncode == 0, result.stdout[-5000:]
+    assert "No issues found" in result.stdout
+
+
 def test_metrics_count_requests_decisions_and_engine_state(server: Server) -> None:
     server.post("/v1/gate", {"question": ROWAN})
     text = server.client.get("/metrics", headers=AUTH).text
@@ -187,42 +237,47 @@ def test_metrics_count_requests_decisions_and_engine_state(server: Server) -> No
     assert 'gatehead_requests_total{route="/v1/gate",status="401"}' in text
 
 
-STORY = {"model": "gatehead-demo", "max_tokens": 1500, "ignore_eos": True,
-         "messages": [{"role": "user", "content": "Tell a story."}]}
+class HeldRequest:
+    """A request whose body arrives slowly: it holds an in-flight slot until `finish` sends the rest."""
 
+    def __init__(self, server: Server, path: str, body: dict) -> None:
+        data = json.dumps(body).encode()
+        head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {KEY}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\nConnection: close\r\n\r\n")
+        self.sock = socket.create_connection(("127.0.0.1", server.port))
+        self.sock.sendall(head.encode() + data[:5])
+        self.rest = data[5:]
+        time.sleep(0.5)  # the server has read the head and counted the request in flight
 
-def slow_request(server: Server, results: list, headers: dict | None = None) -> None:
-    results.append(server.post("/v1/chat/completions", STORY, headers))
+    def finish(self) -> int:
+        self.sock.sendall(self.rest)
+        response = b""
+        while chunk := self.sock.recv(65536):
+            response += chunk
+        self.sock.close()
+        return int(response.split(b" ", 2)[1])
 
 
 def test_load_is_shed_with_retry_after_and_deadlines_cancel_work(server: Server) -> None:
-    results: list = []
-    threads = [threading.Thread(target=slow_request, args=(server, results)) for _ in range(2)]
-    for t in threads:
-        t.start()
-    time.sleep(1.0)
+    held = [HeldRequest(server, "/v1/gate", {"question": ROWAN}) for _ in range(2)]  # --max-inflight 2
     shed = server.post("/v1/gate", {"question": ROWAN})
     assert shed.status_code == 503 and shed.headers["retry-after"] == "1", shed.text
-    for t in threads:
-        t.join()
-    assert [r.status_code for r in results] == [200, 200]
+    assert [h.finish() for h in held] == [200, 200]
+    assert server.post("/v1/gate", {"question": ROWAN}).status_code == 200  # slots free again
     started = time.monotonic()
-    late = server.post("/v1/chat/completions", STORY, {"X-Gatehead-Timeout": "0.5"})
-    assert late.status_code == 504 and time.monotonic() - started < 10
-    assert server.post("/v1/gate", {"question": ROWAN}).status_code == 200  # the engine is free again
+    late = server.post("/v1/chat/completions", STORY, {"X-Gatehead-Timeout": "0.05"})
+    assert late.status_code == 504 and time.monotonic() - started < 10, late.text
+    assert "gatehead_deadline_exceeded_total 1.0" in server.client.get("/metrics", headers=AUTH).text
 
 
 def test_sigterm_drains_then_a_restart_continues_the_thread(server: Server, workdir: Path) -> None:
     before = server.post("/v1/agent/chat", {"message": ROWAN, "thread_id": "restart"}).json()
-    results: list = []
-    worker = threading.Thread(target=slow_request, args=(server, results))
-    worker.start()
-    time.sleep(1.0)
+    held = HeldRequest(server, "/v1/gate", {"question": ROWAN})
     server.process.send_signal(signal.SIGTERM)
-    time.sleep(0.3)
+    time.sleep(0.5)
     assert server.client.get("/readyz").status_code == 503  # draining: not ready, still serving
-    worker.join()
-    assert results[0].status_code == 200  # the request in flight finished
+    assert server.post("/v1/gate", {"question": ROWAN}).status_code == 503  # no new work
+    assert held.finish() == 200  # the request in flight finished
     assert server.process.wait(60) == 0
     again = Server(workdir)
     try:
