@@ -346,7 +346,7 @@ class Agent:
         thread_id = thread_id or uuid.uuid4().hex
         if (await self.graph.aget_state(self._config(thread_id))).next:
             async for event in self._run(None, thread_id, cache_salt):  # an interrupted turn first
-                if event.kind == "final":
+                if event.kind in ("final", "token"):  # its answer is not this turn's
                     continue
                 yield event
         graph_input: dict = {"question": question}

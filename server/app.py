@@ -155,7 +155,7 @@ class GateBatch(Strict):
 
 class ChatRequest(Strict):
     message: str = Field(min_length=1)
-    thread_id: str | None = Field(default=None, min_length=1, max_length=128)
+    thread_id: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")
     stream: bool = False
 
 
@@ -174,7 +174,7 @@ class CompletionRequest(BaseModel):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
     n: int | None = Field(default=None, ge=1, le=1)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
     ignore_eos: bool = False  # vLLM's extension: generate max_tokens tokens whatever the model says
 
 
@@ -211,16 +211,15 @@ def create_app(config: ServerConfig) -> FastAPI:
 
     app = FastAPI(title="gatehead", version=_version(), lifespan=lifespan)
     app.state.runtime, app.state.metrics, app.state.config = runtime, metrics, config
-    if config.cors_origins:
-        from fastapi.middleware.cors import CORSMiddleware
-
-        app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
-                           allow_headers=["Authorization", "Content-Type"])
-
     def tenant_of(request: Request) -> str:
         return request.state.tenant
 
     app.add_middleware(Guard, runtime=runtime, metrics=metrics, config=config, keys=keys)
+    if config.cors_origins:  # added last: outermost, so preflights and the guard's own replies carry CORS headers
+        from fastapi.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(config.cors_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["Authorization", "Content-Type"])
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
@@ -249,6 +248,12 @@ def create_app(config: ServerConfig) -> FastAPI:
 
     async def bounded(request: Request, work: Awaitable[Any]) -> Any:
         """`work` under the request's deadline (504), cancelled if the client goes away."""
+        try:
+            limit = deadline(request)
+        except ApiError:
+            if asyncio.iscoroutine(work):
+                work.close()
+            raise
         task = asyncio.ensure_future(work)
 
         async def watch() -> None:
@@ -261,8 +266,8 @@ def create_app(config: ServerConfig) -> FastAPI:
 
         watcher = asyncio.create_task(watch())
         try:
-            return await asyncio.wait_for(task, deadline(request))
-        except TimeoutError:
+            return await asyncio.wait_for(task, limit)
+        except asyncio.TimeoutError:
             metrics.timeouts.inc()
             raise ApiError(504, "the request ran past its deadline; its work was cancelled", "timeout") from None
         except asyncio.CancelledError:
@@ -274,8 +279,8 @@ def create_app(config: ServerConfig) -> FastAPI:
 
     @app.get("/livez")
     async def livez() -> JSONResponse:
-        if runtime.failed:
-            return JSONResponse({"status": "failed", "error": runtime.failed}, 503)
+        if runtime.failed:  # the reason is in the log, not on an unauthenticated route
+            return JSONResponse({"status": "failed"}, 503)
         if runtime.engine is not None and not runtime.engine.alive:
             return JSONResponse({"status": "engine dead"}, 503)
         return JSONResponse({"status": "alive"})
@@ -283,15 +288,19 @@ def create_app(config: ServerConfig) -> FastAPI:
     @app.get("/readyz")
     async def readyz() -> JSONResponse:
         if runtime.draining or not runtime.ready or runtime.failed:
-            why = "draining" if runtime.draining else runtime.failed or "starting"
+            why = "draining" if runtime.draining else "failed" if runtime.failed else "starting"
             return JSONResponse({"status": why}, 503)
+        part = "engine"
         try:
             if not runtime.engine.alive:
                 raise RuntimeError("the engine core is dead")
+            part = "store"
             await asyncio.to_thread(runtime.store.client.get_collection, runtime.store.name)
+            part = "threads"
             await runtime.saver.aget_tuple({"configurable": {"thread_id": "readyz", "checkpoint_ns": ""}})
-        except Exception as exc:  # noqa: BLE001 - any dependency failing makes the service unready
-            return JSONResponse({"status": "unready", "error": f"{type(exc).__name__}: {exc}"}, 503)
+        except Exception:  # noqa: BLE001 - any dependency failing makes the service unready
+            log.exception("readiness check failed: %s", part)
+            return JSONResponse({"status": "unready", "unreachable": part}, 503)
         return JSONResponse({"status": "ready"})
 
     @app.get("/metrics")
@@ -319,8 +328,10 @@ def create_app(config: ServerConfig) -> FastAPI:
     async def gate(body: GateItem | GateBatch, request: Request) -> dict:
         salt = _salt(tenant_of(request), keys)
         if isinstance(body, GateBatch):
-            results = await bounded(request, asyncio.gather(*(gate_one(i, salt) for i in body.items)))
-            return {"results": results}
+            for item in body.items:  # every item's thresholds checked before any work starts
+                if item.thresholds is not None:
+                    Thresholds.from_dict(item.thresholds)
+            return {"results": await bounded(request, _all_or_none([gate_one(i, salt) for i in body.items]))}
         return await bounded(request, gate_one(body, salt))
 
     # ----- the agent -----------------------------------------------------------------------------
@@ -329,6 +340,18 @@ def create_app(config: ServerConfig) -> FastAPI:
         """(the client's thread id, the internal key): threads are per tenant, whatever id a client sends."""
         public = thread_id or uuid.uuid4().hex
         return public, f"{tenant_of(request)}:{public}"
+
+    busy: set[str] = set()  # threads with a turn running: one turn per thread at a time
+
+    @contextlib.contextmanager
+    def claimed(key: str):
+        if key in busy:
+            raise ApiError(409, "this thread already has a turn running; wait for it to finish", "conflict")
+        busy.add(key)
+        try:
+            yield
+        finally:
+            busy.discard(key)
 
     def turn_payload(result, public_thread: str) -> dict:
         return {"thread_id": public_thread, "answer": result.answer, "decision": result.decision,
@@ -339,11 +362,14 @@ def create_app(config: ServerConfig) -> FastAPI:
     async def agent_chat(body: ChatRequest, request: Request):
         public, key = thread_key(request, body.thread_id)
         salt = _salt(tenant_of(request), keys)
+        if not body.message.strip():
+            raise ApiError(400, "the message is empty")
         if body.stream:
-            return StreamingResponse(_agent_sse(runtime, metrics, body.message, key, public, salt, turn_payload),
-                                     media_type="text/event-stream")
+            return StreamingResponse(_agent_sse(runtime, metrics, body.message, key, public, salt, turn_payload,
+                                                claimed), media_type="text/event-stream")
         started = time.perf_counter()
-        result = await bounded(request, runtime.agent.ask(body.message, key, cache_salt=salt))
+        with claimed(key):
+            result = await bounded(request, runtime.agent.ask(body.message, key, cache_salt=salt))
         _record_turn(metrics, result, started)
         if result.error:
             return error_response(502, result.error, "retrieval_error")
@@ -371,12 +397,13 @@ def create_app(config: ServerConfig) -> FastAPI:
                 raise ApiError(400, "the last message must be the user's question")
             history = [Turn(role, text) for role, text in messages[:-1] if role in ("user", "assistant")]
             question = messages[-1][1]
+            if not question.strip():
+                raise ApiError(400, "the last user message is empty")
             if body.stream:
                 return StreamingResponse(_openai_agent_sse(runtime, metrics, body.model, completion_id, question,
                                                            history, salt), media_type="text/event-stream")
             started = time.perf_counter()
-            result = await bounded(request, runtime.agent.ask(question, uuid.uuid4().hex, history=history,
-                                                              cache_salt=salt))
+            result = await bounded(request, _one_off_turn(runtime, question, history, salt))
             _record_turn(metrics, result, started)
             if result.error:
                 return error_response(502, result.error, "retrieval_error")
@@ -444,7 +471,7 @@ class Guard:
             return await reply(error_response(413, f"the request body is over the {config.max_body_bytes}-byte "
                                                    f"limit", "invalid_request_error"))
         if not path.startswith("/v1/") or scope["method"] != "POST":
-            return await self.app(scope, receive, send)
+            return await self._app(scope, receive, send)
         if runtime.failed or not runtime.ready or runtime.draining:
             why = "shutting down" if runtime.draining else "failed to start" if runtime.failed else "starting"
             return await reply(error_response(503, f"gatehead is {why}", "unavailable", {"Retry-After": "5"}))
@@ -455,13 +482,51 @@ class Guard:
         runtime.inflight += 1
         self.metrics.inflight.set(runtime.inflight)
         try:
-            await self.app(scope, receive, send)
+            await self._app(scope, receive, send)
         finally:
             runtime.inflight -= 1
             self.metrics.inflight.set(runtime.inflight)
 
 
+    async def _app(self, scope, receive, send) -> None:
+        """The app, with the body counted as it arrives: past the limit, 413 and the app sees a disconnect."""
+        replied, seen, limit = [False], [0], self.config.max_body_bytes
+
+        async def receiving():
+            message = await receive()
+            if message["type"] == "http.request" and not replied[0]:
+                seen[0] += len(message.get("body", b""))
+                if seen[0] > limit:
+                    replied[0] = True
+                    await error_response(413, f"the request body is over the {limit}-byte limit",
+                                         "invalid_request_error")(scope, receive, send)
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def sending(message) -> None:
+            if not replied[0]:
+                await send(message)
+
+        try:
+            await self.app(scope, receiving, sending)
+        except Exception:
+            if not replied[0]:
+                raise
+
+
 _ROUTES = {"/livez", "/readyz", "/metrics", "/v1/gate", "/v1/agent/chat", "/v1/models", "/v1/chat/completions"}
+
+
+async def _all_or_none(coroutines: list) -> list:
+    """Results of all, in order; if one fails, the others are cancelled (no orphaned engine work)."""
+    tasks = [asyncio.ensure_future(c) for c in coroutines]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 def _version() -> str:
@@ -519,52 +584,92 @@ def _record_turn(metrics: Metrics, result, started: float) -> None:
     metrics.turns.labels(result.decision or "none").inc()
 
 
+async def _one_off_turn(runtime: Runtime, question: str, history: list[Turn], salt: str | None):
+    """An OpenAI-API agent turn: the conversation comes with the request, so its thread is deleted after."""
+    thread = uuid.uuid4().hex
+    try:
+        return await runtime.agent.ask(question, thread, history=history, cache_salt=salt)
+    finally:
+        await runtime.saver.adelete_thread(thread)
+
+
+def _sse(kind: str, data: dict) -> str:
+    return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
 async def _agent_sse(runtime: Runtime, metrics: Metrics, message: str, key: str, public: str, salt: str | None,
-                     payload: Callable) -> AsyncIterator[str]:
+                     payload: Callable, claimed: Callable) -> AsyncIterator[str]:
     started = time.perf_counter()
     try:
-        async for event in runtime.agent.stream(message, key, cache_salt=salt):
-            if event.kind == "token":
-                yield f"event: token\ndata: {json.dumps({'text': event.text}, ensure_ascii=False)}\n\n"
-            elif event.kind == "node":
-                data = {"node": event.node, **{k: v for k, v in event.data.items() if k in ("gates", "ask", "error")}}
-                yield f"event: node\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
-            else:
-                _record_turn(metrics, event.result, started)
-                yield f"event: final\ndata: {json.dumps(payload(event.result, public), ensure_ascii=False)}\n\n"
-    except ValueError as exc:
-        yield f"event: error\ndata: {json.dumps({'message': str(exc)})}\n\n"
+        with claimed(key):
+            async for event in _agent_events(runtime, metrics, message, key, public, salt, payload, started):
+                yield event
+    except ApiError as exc:
+        yield _sse("error", {"message": exc.message, "code": exc.status})
+    except Exception as exc:  # noqa: BLE001 - the stream has started: the error is an event, then the end
+        log.exception("agent stream failed")
+        yield _sse("error", {"message": f"{type(exc).__name__}: {exc}", "code": 500})
+
+
+async def _agent_events(runtime: Runtime, metrics: Metrics, message: str, key: str, public: str, salt: str | None,
+                        payload: Callable, started: float) -> AsyncIterator[str]:
+    async for event in runtime.agent.stream(message, key, cache_salt=salt):
+        if event.kind == "token":
+            yield f"event: token\ndata: {json.dumps({'text': event.text}, ensure_ascii=False)}\n\n"
+        elif event.kind == "node":
+            data = {"node": event.node, **{k: v for k, v in event.data.items() if k in ("gates", "ask", "error")}}
+            yield f"event: node\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+        else:
+            _record_turn(metrics, event.result, started)
+            yield f"event: final\ndata: {json.dumps(payload(event.result, public), ensure_ascii=False)}\n\n"
 
 
 async def _openai_agent_sse(runtime: Runtime, metrics: Metrics, model: str, completion_id: str, question: str,
                             history: list[Turn], salt: str | None) -> AsyncIterator[str]:
-    started = time.perf_counter()
+    started, thread = time.perf_counter(), uuid.uuid4().hex
     yield _chunk(completion_id, model, {"role": "assistant", "content": ""}, None)
-    async for event in runtime.agent.stream(question, uuid.uuid4().hex, history=history, cache_salt=salt):
-        if event.kind == "token":
-            yield _chunk(completion_id, model, {"content": event.text}, None)
-        elif event.kind == "final":
-            result = event.result
-            _record_turn(metrics, result, started)
-            if result.decision != "answer" and result.answer:  # a refusal is said, not generated
-                yield _chunk(completion_id, model, {"content": result.answer}, None)
-            extra = {"decision": result.decision, "gates": result.gates, "sources": result.sources,
-                     "error": result.error or None}
-            yield _chunk(completion_id, model, {}, "stop", extra)
-    yield "data: [DONE]\n\n"
+    try:
+        async for event in runtime.agent.stream(question, thread, history=history, cache_salt=salt):
+            if event.kind == "token":
+                yield _chunk(completion_id, model, {"content": event.text}, None)
+            elif event.kind == "final":
+                result = event.result
+                _record_turn(metrics, result, started)
+                if result.error:  # no answer: an error event, as OpenAI streams report errors
+                    yield _error_chunk(result.error, "retrieval_error", 502)
+                    return
+                if result.decision != "answer" and result.answer:  # a refusal is said, not generated
+                    yield _chunk(completion_id, model, {"content": result.answer}, None)
+                extra = {"decision": result.decision, "gates": result.gates, "sources": result.sources}
+                yield _chunk(completion_id, model, {}, "stop", extra)
+        yield "data: [DONE]\n\n"
+    except Exception as exc:  # noqa: BLE001 - the stream has started: the error is a chunk
+        log.exception("completion stream failed")
+        yield _error_chunk(f"{type(exc).__name__}: {exc}", "server_error", 500)
+    finally:
+        await runtime.saver.adelete_thread(thread)
+
+
+def _error_chunk(message: str, kind: str, code: int) -> str:
+    return f"data: {json.dumps({'error': {'message': message, 'type': kind, 'code': code}})}\n\n"
 
 
 async def _openai_plain_sse(runtime: Runtime, metrics: Metrics, model: str, completion_id: str, prompt: list[int],
                             sampling: dict) -> AsyncIterator[str]:
     started, text, first, finish = time.perf_counter(), "", True, None
     yield _chunk(completion_id, model, {"role": "assistant", "content": ""}, None)
-    async for out in runtime.engine.stream(prompt, **sampling):
-        if out.text != text:
-            if first:
-                metrics.ttft.observe(time.perf_counter() - started)
-                first = False
-            yield _chunk(completion_id, model, {"content": out.text[len(text):]}, None)
-            text = out.text
-        finish = out.finish_reason
+    try:
+        async for out in runtime.engine.stream(prompt, **sampling):
+            if out.text != text:
+                if first:
+                    metrics.ttft.observe(time.perf_counter() - started)
+                    first = False
+                yield _chunk(completion_id, model, {"content": out.text[len(text):]}, None)
+                text = out.text
+            finish = out.finish_reason
+    except Exception as exc:  # noqa: BLE001 - the stream has started: the error is a chunk
+        log.exception("completion stream failed")
+        yield _error_chunk(f"{type(exc).__name__}: {exc}", "server_error", 500)
+        return
     yield _chunk(completion_id, model, {}, _finish(finish))
     yield "data: [DONE]\n\n"

@@ -118,6 +118,22 @@ def test_bad_requests_get_clear_errors(server: Server) -> None:
     huge = server.client.post("/v1/gate", content=b"x" * (1 << 20 | 1), headers={**AUTH, "content-type":
                                                                                 "application/json"})
     assert huge.status_code == 413
+
+    def chunks():  # no Content-Length: the body arrives chunked and is counted as it comes
+        for _ in range(20):
+            yield b" " * 60_000
+
+    chunked = server.client.post("/v1/gate", content=chunks(), headers={**AUTH, "content-type": "application/json"})
+    assert chunked.status_code == 413 and "byte limit" in chunked.json()["error"]["message"]
+    timeout = server.post("/v1/gate", {"question": ROWAN}, {"X-Gatehead-Timeout": "soon"})
+    assert timeout.status_code == 400 and "X-Gatehead-Timeout" in timeout.json()["error"]["message"]
+    assert server.post("/v1/agent/chat", {"message": ROWAN, "thread_id": "a\u0000b"}).status_code == 422
+    assert server.post("/v1/agent/chat", {"message": "   "}).status_code == 400
+    empty = server.post("/v1/chat/completions", {"model": "gatehead-agent", "stream": True,
+                                                 "messages": [{"role": "user", "content": " "}]})
+    assert empty.status_code == 400 and "empty" in empty.json()["error"]["message"]
+    batch = server.post("/v1/gate", {"items": [{"question": ROWAN}, {"question": ROWAN, "thresholds": {"x": 1}}]})
+    assert batch.status_code == 400 and "unknown threshold" in batch.json()["error"]["message"]
     model = server.post("/v1/chat/completions", {"model": "nope", "messages": [{"role": "user", "content": "hi"}]})
     assert model.status_code == 404 and "gatehead-agent" in model.json()["error"]["message"]
     plain = server.post("/v1/chat/completions", {"model": "gatehead-demo", "max_tokens": 4000,
