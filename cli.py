@@ -294,17 +294,11 @@ def _ask(args: argparse.Namespace) -> int:
 
     async def body(agent) -> int:
         result = await agent.ask(args.question, args.thread)
-        print(json.dumps(result.to_dict(), indent=2, ensure_ascii=False, default=_jsonable) if args.json
+        print(json.dumps(result.to_dict(), indent=2, ensure_ascii=False) if args.json
               else format_turn(result) + f"\n  thread:     {result.thread_id}")
         return 1 if result.error else 0
 
     return _run_agent(args, body)
-
-
-def _jsonable(value):
-    from dataclasses import asdict
-
-    return asdict(value)
 
 
 def _chat(args: argparse.Namespace) -> int:
@@ -356,10 +350,12 @@ def _print_chat_event(event) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    import uuid
+
     from gatehead.agent.transcript import format_turn, summary_table
 
     script = [(f"q{i}", q) for i, q in enumerate(args.question)] if args.question else list(DEMO_QUESTIONS)
-    run = uuid_prefix()
+    run = uuid.uuid4().hex[:8]  # this run's threads
 
     async def body(agent) -> int:
         results = []
@@ -372,12 +368,6 @@ def _demo(args: argparse.Namespace) -> int:
 
     print("Starting one vLLM engine for the gate, the query rewrites and the answers (eager mode)...")
     return _run_agent(args, body)
-
-
-def uuid_prefix() -> str:
-    import uuid
-
-    return uuid.uuid4().hex[:8]
 
 
 def _model_arguments(p: argparse.ArgumentParser) -> None:

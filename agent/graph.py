@@ -26,9 +26,6 @@ from gatehead.agent.prompts import NOT_FOUND, REFUSAL, REWRITE_SYSTEM
 from gatehead.gate.policy import Thresholds
 from gatehead.gate.prompt import Passage, PromptBuilder, PromptConfig, Turn
 
-NODES = ("begin", "contextualize", "retrieve", "gate", "generate", "refusal", "rewrite", "not_found", "finish",
-         "failed")
-
 
 class Retriever(Protocol):
     """What the agent retrieves with: `gatehead.retrieval.store.Store`, or anything with this method."""

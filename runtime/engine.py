@@ -155,7 +155,8 @@ class SharedEngine:
                              "generation prompts may not, use gate() for gate decisions")
         return ids
 
-    def _check_length(self, ids: Sequence[int], max_tokens: int) -> None:
+    def check_length(self, ids: Sequence[int], max_tokens: int) -> None:
+        """ValueError (naming the window) when `ids` plus `max_tokens` do not fit the context."""
         if len(ids) + max_tokens > self.max_model_len:
             raise ValueError(f"the prompt has {len(ids)} tokens; with max_tokens={max_tokens} it exceeds the "
                              f"model's {self.max_model_len}-token context: shorten it or lower max_tokens")
@@ -177,7 +178,7 @@ class SharedEngine:
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
         ids = self._check_generation_prompt(prompt)
-        self._check_length(ids, max_tokens)
+        self.check_length(ids, max_tokens)
         params = self._sampling(max_tokens, temperature, ignore_eos, seed)
         self._stats.generation_requests += 1
         async for out in self.llm.generate(_prompt(ids, cache_salt), params, request_id=f"gen-{uuid.uuid4().hex}"):
@@ -223,7 +224,7 @@ class SharedEngine:
         if len(ids) > self.max_gate_tokens:
             raise ValueError(f"the gate prompt has {len(ids)} tokens, over the engine's max_gate_tokens="
                              f"{self.max_gate_tokens}: drop passages or turns, or raise max_gate_tokens")
-        self._check_length(ids, 1)
+        self.check_length(ids, 1)
         params = SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=list(self.action_ids),
                                 skip_reading_prefix_cache=True, detokenize=False, extra_args={GATE_FLAG: "gate"})
         self._stats.gate_requests += 1

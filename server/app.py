@@ -411,7 +411,7 @@ def create_app(config: ServerConfig) -> FastAPI:
                                {"decision": result.decision, "gates": result.gates, "sources": result.sources})
         prompt = runtime.engine.prompts.chat(messages)
         limit = max_tokens or max(1, min(512, runtime.engine.max_model_len - len(prompt)))
-        runtime.engine._check_length(prompt, limit)
+        runtime.engine.check_length(prompt, limit)  # before a stream starts
         sampling = {"max_tokens": limit, "temperature": body.temperature or 0.0, "seed": body.seed,
                     "ignore_eos": body.ignore_eos, "cache_salt": salt}
         if body.stream:
@@ -615,13 +615,13 @@ async def _agent_events(runtime: Runtime, metrics: Metrics, message: str, key: s
                         payload: Callable, started: float) -> AsyncIterator[str]:
     async for event in runtime.agent.stream(message, key, cache_salt=salt):
         if event.kind == "token":
-            yield f"event: token\ndata: {json.dumps({'text': event.text}, ensure_ascii=False)}\n\n"
+            yield _sse("token", {"text": event.text})
         elif event.kind == "node":
             data = {"node": event.node, **{k: v for k, v in event.data.items() if k in ("gates", "ask", "error")}}
-            yield f"event: node\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+            yield _sse("node", data)
         else:
             _record_turn(metrics, event.result, started)
-            yield f"event: final\ndata: {json.dumps(payload(event.result, public), ensure_ascii=False)}\n\n"
+            yield _sse("final", payload(event.result, public))
 
 
 async def _openai_agent_sse(runtime: Runtime, metrics: Metrics, model: str, completion_id: str, question: str,

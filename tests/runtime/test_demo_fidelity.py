@@ -20,7 +20,6 @@ from gatehead.runtime.engine import SharedEngine
 from gatehead.runtime.reference import HFReference
 
 MAX_LEN = 2048
-MEMORY_FRACTION = 0.1
 
 
 @pytest.fixture(scope="module")
