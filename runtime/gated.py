@@ -49,8 +49,10 @@ class GateRow:
 class RowKeeper:
     """Keeps gate requests' tapped rows across chunked-prefill steps; knows which prompts are complete.
 
-    At most `max_rows` rows are kept in all (one maximal gate prompt: vLLM's scheduler keeps at most
-    one request partially prefilled); a request that would exceed it fails instead of growing memory.
+    At most `max_rows` rows stay kept between steps (one maximal gate prompt: vLLM's scheduler keeps
+    at most one request partially prefilled); a request that would exceed it fails instead of growing
+    memory. Rows of a prompt that completes in the step are not counted against the bound: they are
+    handed to the branch and dropped in the same step.
     """
 
     def __init__(self, suffix_ids: tuple[int, ...], max_rows: int) -> None:
@@ -64,16 +66,26 @@ class RowKeeper:
         for req_id in [r for r in self.kept if r not in live]:  # finished, aborted or preempted
             del self.kept[req_id]
         self.failed &= live
+        scheduled = {row.req_id for row in rows}
+        retained = sum(t.shape[0] for req_id, kept in self.kept.items() if req_id not in scheduled for t in kept)
         for row in rows:
             if row.done == 0:  # a (re)started prefill: preemption recomputes from the first token
                 self.kept[row.req_id] = []
                 self.failed.discard(row.req_id)
             kept = self.kept.get(row.req_id)
             if (kept is None or sum(t.shape[0] for t in kept) != row.done or row.prompt_tail != self.suffix_ids
-                    or row.prompt_len > self.max_rows or self.rows_kept() + (row.end - row.start) > self.max_rows):
-                self.failed.add(row.req_id)  # rows missing, not a gate prompt, or over the bound
-                self.kept.pop(row.req_id, None)
+                    or row.prompt_len > self.max_rows):
+                self._fail(row.req_id)  # rows missing or not a gate prompt
+            elif not row.last_chunk:  # its rows stay kept after this step
+                retained += row.done + (row.end - row.start)
+                if retained > self.max_rows:
+                    self._fail(row.req_id)
+                    retained -= row.done + (row.end - row.start)
         self.plan = rows
+
+    def _fail(self, req_id: str) -> None:
+        self.failed.add(req_id)
+        self.kept.pop(req_id, None)
 
     def collect(self, tap_buffer: torch.Tensor) -> list[tuple[int, torch.Tensor | None]]:
         """Keep this step's rows; return (batch row, all rows or None if failed) per completed prompt."""

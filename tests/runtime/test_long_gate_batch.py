@@ -1,28 +1,33 @@
-"""Known bug, found by the server tests (stop 16): concurrent long gate prompts come back without probabilities.
+"""Concurrent long gate prompts on the demo engine (2k context, chunked prefill at 2,048 tokens a step).
 
-Eight gate requests of about 1,600 tokens each, submitted together to the demo engine (2k context),
-return NaN probabilities (`GateError`: "the request's rows were incomplete") where one alone works.
-It looks like gate prompts split over scheduler steps by chunked prefill while other gate prompts
-share the step. Strict xfail: when it is fixed this test fails, and the mark must go.
+Found by the server tests: eight gate prompts of about 1,600 tokens each, submitted together, came
+back with NaN probabilities. The row bound counted a prompt completing in the step against the next
+prompt's first chunk (1,500 kept + 87 + 1,961 > 2,048), so the second one was failed. Rows of a
+prompt that completes in the step no longer count (see `RowKeeper`, and its CPU test in test_rows).
 """
 
 from __future__ import annotations
 
 import asyncio
 
-import pytest
-
-from gatehead.runtime.engine import GateError
+from gatehead.gate.policy import LABELS
 
 
-@pytest.mark.xfail(strict=True, raises=GateError, reason="concurrent long gate prompts lose their gate rows")
 def test_concurrent_long_gate_prompts_all_get_probabilities(demo_shared, loop) -> None:
     questions = [f"{i} " + "lantern tent stove " * 500 for i in range(8)]
-    alone = loop.run(demo_shared.gate(questions[0]))
-    assert len(alone.prompt.gate) > 1500
+
+    async def alone():
+        return [await demo_shared.gate(q) for q in questions]
 
     async def together():
         return await asyncio.gather(*(demo_shared.gate(q) for q in questions))
 
+    singles = loop.run(alone())
+    assert all(len(s.prompt.gate) > 1500 for s in singles)
     outcomes = loop.run(together())
     assert all(abs(sum(o.result.probs.values()) - 1) < 1e-3 for o in outcomes)
+    # Each decision matches its prompt gated alone. Not bit-equal: where a chunk boundary falls
+    # changes the bf16 rounding of the shared layers' attention, as in stock vLLM (measured 0.004).
+    for single, outcome in zip(singles, outcomes, strict=True):
+        assert outcome.result.decision == single.result.decision
+        assert max(abs(outcome.result.probs[k] - single.result.probs[k]) for k in LABELS) < 1e-2

@@ -79,3 +79,14 @@ def test_rows_beyond_the_bound_fail_instead_of_growing() -> None:
     step(keeper, [row("a", 0, 0, 6, 0, 8)])
     assert step(keeper, [row("b", 1, 6, 4, 0, 8)], live={"a", "b"}) == []
     assert "b" in keeper.failed and keeper.rows_kept() == 6
+
+
+def test_a_prompt_completing_in_the_step_does_not_count_against_the_bound() -> None:
+    # Chunked prefill: "a" finishes (2 rows) while "b" starts with 7 of its 8 rows; 6 + 2 + 7 > 8,
+    # but after the step only b's 7 rows stay kept. (Found as concurrent long gate prompts failing.)
+    keeper = RowKeeper(SUFFIX, max_rows=8)
+    assert step(keeper, [row("a", 0, 0, 6, 0, 8)]) == []
+    [(_, rows)] = step(keeper, [row("a", 0, 0, 2, 6, 8), row("b", 1, 2, 7, 0, 8)])
+    assert positions(rows) == list(range(8)) and "b" not in keeper.failed and keeper.rows_kept() == 7
+    [(_, rows)] = step(keeper, [row("b", 0, 0, 1, 7, 8)])
+    assert positions(rows) == list(range(8)) and keeper.rows_kept() == 0
