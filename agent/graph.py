@@ -69,6 +69,7 @@ class AgentState(TypedDict, total=False):
     searches: int  # rewrites done this turn
     decision: str  # answer | refuse | not_found | error
     answer: str
+    finish_reason: str  # why the answer ended: "stop", or "length" at the token budget
     dropped: dict  # what the context budget left out of the last gate prompt: turns, passage sources
     timings: Annotated[list[dict], _log]  # per node run: node, seconds (+ ttft, cached tokens for generate)
     error: str
@@ -99,8 +100,10 @@ def _turns(history: Sequence[dict]) -> list[Turn]:
 
 async def gate_decision(engine, question: str, passages: Sequence[Any], conversation: Sequence[Any] = (),
                         thresholds: Thresholds | None = None, cache_salt: str | None = None) -> dict:
-    """Gate `question` over `passages` on the shared engine: {"decision", "probs", "dropped", "prompt"}.
+    """Gate `question` over `passages` on the shared engine.
 
+    Returns {"decision", "probs", "thresholds", "prompt_tokens", "dropped", "prompt"}; `dropped` names
+    what the context budget left out (turn indices, passage sources or indices).
     The building block of the agent's gate node and of `gate_node` for graphs of your own.
     """
     kept = [as_passage(p) for p in passages]
@@ -108,6 +111,7 @@ async def gate_decision(engine, question: str, passages: Sequence[Any], conversa
     outcome = await engine.gate(question, kept, turns, thresholds=thresholds, cache_salt=cache_salt)
     prompt = outcome.prompt
     return {"decision": outcome.result.decision, "probs": dict(outcome.result.probs),
+            "thresholds": outcome.result.thresholds.to_dict(), "prompt_tokens": outcome.num_prompt_tokens,
             "dropped": {"turns": list(prompt.dropped.turns),
                         "passages": [kept[i].source or str(i) for i in prompt.dropped.passages]},
             "prompt": prompt}
@@ -138,11 +142,22 @@ def route_on_gate(output_key: str = "gate") -> Callable[[dict], str]:
     return lambda state: state[output_key]["decision"]
 
 
-def _salt() -> str | None:
-    """The run's prefix-cache salt (`configurable.cache_salt`: one per tenant), if any."""
-    from langgraph.config import get_config
+@dataclass(frozen=True)
+class TurnContext:
+    """Per-run settings passed as LangGraph's run context: never written to a checkpoint."""
 
-    return get_config().get("configurable", {}).get("cache_salt")
+    cache_salt: str | None = None  # keeps the turn's prefix-cache blocks to its tenant
+    max_answer_tokens: int | None = None  # this turn's answer budget; default AgentConfig.max_answer_tokens
+
+
+def _context() -> TurnContext:
+    from langgraph.runtime import get_runtime
+
+    return get_runtime(TurnContext).context or TurnContext()
+
+
+def _salt() -> str | None:
+    return _context().cache_salt
 
 
 def _timed(name: str, fn: Callable[[AgentState], Any]) -> Callable[[AgentState], Any]:
@@ -172,8 +187,8 @@ def build_graph(engine, store: Retriever, config: AgentConfig = AgentConfig(), c
         if not isinstance(question, str) or not question.strip():
             raise ValueError("the question is empty")
         return {"queries": None, "gates": None, "timings": None, "searches": 0, "decision": "", "answer": "",
-                "error": "", "passages": [], "dropped": {}, "standalone": question, "ask": question,
-                "history": state.get("history") or []}
+                "finish_reason": "stop", "error": "", "passages": [], "dropped": {}, "standalone": question,
+                "ask": question, "history": state.get("history") or []}
 
     async def contextualize(state: AgentState) -> dict:
         prompt = rewriter.build(state["question"], (), _turns(state["history"]))
@@ -202,13 +217,15 @@ def build_graph(engine, store: Retriever, config: AgentConfig = AgentConfig(), c
                                       _turns(state["history"]))
         writer = get_stream_writer()
         started, first, text, cached = time.perf_counter(), None, "", 0
-        async for out in engine.stream(prompt.answer, max_tokens=config.max_answer_tokens, cache_salt=_salt()):
+        context, finish = _context(), None
+        async for out in engine.stream(prompt.answer, max_tokens=context.max_answer_tokens or config.max_answer_tokens,
+                                       cache_salt=context.cache_salt):
             if out.text != text:
                 first = first if first is not None else time.perf_counter() - started
                 writer({"token": out.text[len(text):]})
                 text = out.text
-            cached = out.num_cached_tokens
-        return {"answer": text.strip(), "decision": "answer",
+            cached, finish = out.num_cached_tokens, out.finish_reason
+        return {"answer": text.strip(), "decision": "answer", "finish_reason": finish or "stop",
                 "_timing": {"ttft": round(first or 0.0, 6), "cached_tokens": cached,
                             "prompt_tokens": len(prompt.answer)}}
 
@@ -238,7 +255,7 @@ def build_graph(engine, store: Retriever, config: AgentConfig = AgentConfig(), c
             return "refusal"
         return "rewrite" if state.get("searches", 0) < config.max_searches else "not_found"
 
-    graph = StateGraph(AgentState)
+    graph = StateGraph(AgentState, context_schema=TurnContext)
     for name, fn in (("begin", begin), ("contextualize", contextualize), ("retrieve", retrieve), ("gate", gate),
                      ("generate", generate), ("refusal", refusal), ("rewrite", rewrite), ("not_found", not_found),
                      ("finish", finish), ("failed", failed)):
@@ -272,6 +289,7 @@ class TurnResult:
     dropped: dict  # what the context budget left out of the last gate prompt: turn indices, passage sources
     timings: list[dict]  # per node run, in order: node, seconds (+ ttft, cached_tokens for generate)
     error: str = ""
+    finish_reason: str = "stop"  # "length" when the answer stopped at its token budget
 
     @property
     def sources(self) -> list[str]:
@@ -294,7 +312,8 @@ class TurnResult:
                    decision=state.get("decision", ""), answer=state.get("answer", ""),
                    gates=list(state.get("gates") or []), queries=list(state.get("queries") or []),
                    passages=passages, dropped=dict(state.get("dropped") or {}),
-                   timings=list(state.get("timings") or []), error=state.get("error", ""))
+                   timings=list(state.get("timings") or []), error=state.get("error", ""),
+                   finish_reason=state.get("finish_reason") or "stop")
 
 
 @dataclass(frozen=True)
@@ -323,39 +342,42 @@ class Agent:
         self.engine, self.store, self.config = engine, store, config
         self.graph = build_graph(engine, store, config, checkpointer or InMemorySaver())
 
-    def _config(self, thread_id: str, cache_salt: str | None = None) -> dict:
-        configurable = {"thread_id": thread_id, **({"cache_salt": cache_salt} if cache_salt else {})}
-        return {"configurable": configurable, "recursion_limit": 8 + 4 * self.config.max_searches}
+    def _config(self, thread_id: str) -> dict:
+        return {"configurable": {"thread_id": thread_id}, "recursion_limit": 8 + 4 * self.config.max_searches}
 
     async def _result(self, thread_id: str, fallback: dict) -> TurnResult:
         state = (await self.graph.aget_state(self._config(thread_id))).values
         return TurnResult.from_state(thread_id, state or fallback or {})
 
     async def stream(self, question: str, thread_id: str | None = None, *, history: Sequence[Turn] | None = None,
-                     cache_salt: str | None = None) -> AsyncIterator[AgentEvent]:
+                     cache_salt: str | None = None, max_answer_tokens: int | None = None) -> AsyncIterator[AgentEvent]:
         """Run one turn, yielding node events and answer tokens as they come, then the `final` event.
 
         `history` replaces the thread's earlier turns (a caller that keeps the conversation itself, as
-        the OpenAI API does); `cache_salt` keeps the turn's prefix-cache blocks to its tenant.
+        the OpenAI API does); `cache_salt` keeps the turn's prefix-cache blocks to its tenant;
+        `max_answer_tokens` overrides the config's answer budget for this turn. Neither is checkpointed.
         """
         if not isinstance(question, str) or not question.strip():
             raise ValueError("the question is empty")
+        if max_answer_tokens is not None and max_answer_tokens < 1:
+            raise ValueError(f"max_answer_tokens must be >= 1, got {max_answer_tokens}")
         thread_id = thread_id or uuid.uuid4().hex
+        context = TurnContext(cache_salt, max_answer_tokens)
         if (await self.graph.aget_state(self._config(thread_id))).next:
-            async for event in self._run(None, thread_id, cache_salt):  # an interrupted turn first
+            async for event in self._run(None, thread_id, TurnContext(cache_salt)):  # an interrupted turn first
                 if event.kind in ("final", "token"):  # its answer is not this turn's
                     continue
                 yield event
         graph_input: dict = {"question": question}
         if history is not None:
             graph_input["history"] = [{"role": t.role, "text": t.text} for t in history]
-        async for event in self._run(graph_input, thread_id, cache_salt):
+        async for event in self._run(graph_input, thread_id, context):
             yield event
 
     async def _run(self, graph_input: dict | None, thread_id: str,
-                   cache_salt: str | None = None) -> AsyncIterator[AgentEvent]:
+                   context: TurnContext | None = None) -> AsyncIterator[AgentEvent]:
         state: dict = {}
-        async for mode, chunk in self.graph.astream(graph_input, self._config(thread_id, cache_salt),
+        async for mode, chunk in self.graph.astream(graph_input, self._config(thread_id), context=context,
                                                     stream_mode=["updates", "custom", "values"], durability="sync"):
             if mode == "custom" and "token" in chunk:
                 yield AgentEvent("token", text=chunk["token"])
@@ -367,21 +389,22 @@ class Agent:
         yield AgentEvent("final", result=await self._result(thread_id, state))
 
     async def ask(self, question: str, thread_id: str | None = None, *, history: Sequence[Turn] | None = None,
-                  cache_salt: str | None = None) -> TurnResult:
+                  cache_salt: str | None = None, max_answer_tokens: int | None = None) -> TurnResult:
         """Run one turn and return its result (a turn whose retrieval failed has `error` set, no answer)."""
         result = None
-        async for event in self.stream(question, thread_id, history=history, cache_salt=cache_salt):
+        async for event in self.stream(question, thread_id, history=history, cache_salt=cache_salt,
+                                       max_answer_tokens=max_answer_tokens):
             if event.kind == "final":
                 result = event.result
         assert result is not None
         return result
 
-    async def resume(self, thread_id: str) -> TurnResult | None:
+    async def resume(self, thread_id: str, cache_salt: str | None = None) -> TurnResult | None:
         """Finish the thread's interrupted turn from its last checkpoint; None if nothing was interrupted."""
         if not (await self.graph.aget_state(self._config(thread_id))).next:
             return None
         result = None
-        async for event in self._run(None, thread_id):
+        async for event in self._run(None, thread_id, TurnContext(cache_salt)):
             if event.kind == "final":
                 result = event.result
         return result

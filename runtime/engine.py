@@ -161,25 +161,27 @@ class SharedEngine:
             raise ValueError(f"the prompt has {len(ids)} tokens; with max_tokens={max_tokens} it exceeds the "
                              f"model's {self.max_model_len}-token context: shorten it or lower max_tokens")
 
-    def _sampling(self, max_tokens: int, temperature: float, ignore_eos: bool, seed: int | None):
-        from vllm import SamplingParams
-
-        return SamplingParams(max_tokens=max_tokens, temperature=temperature, ignore_eos=ignore_eos,
-                              logprobs=0, seed=seed)
-
     async def stream(self, prompt: str | Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
-                     ignore_eos: bool = False, seed: int | None = None,
+                     top_p: float = 1.0, stop: Sequence[str] = (), ignore_eos: bool = False, seed: int | None = None,
                      cache_salt: str | None = None) -> AsyncIterator[Generation]:
         """Yield the generation so far after each step (cumulative), the last one finished.
 
+        `stop`: strings that end the generation (not included in the text; finish reason "stop").
         `cache_salt` keeps this request's prefix-cache blocks apart from those of other salts (one
         salt per tenant: no tenant can probe another's prompts through cache timing).
         """
+        from vllm import SamplingParams
+
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        if any(not isinstance(s, str) or not s for s in stop):
+            raise ValueError("stop strings must be non-empty strings")
         ids = self._check_generation_prompt(prompt)
         self.check_length(ids, max_tokens)
-        params = self._sampling(max_tokens, temperature, ignore_eos, seed)
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop=list(stop) or None,
+                                ignore_eos=ignore_eos, logprobs=0, seed=seed)
         self._stats.generation_requests += 1
         async for out in self.llm.generate(_prompt(ids, cache_salt), params, request_id=f"gen-{uuid.uuid4().hex}"):
             completion = out.outputs[0]
@@ -189,9 +191,10 @@ class SharedEngine:
                              out.num_cached_tokens or 0)
 
     async def generate(self, prompt: str | Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
-                       ignore_eos: bool = False, seed: int | None = None, cache_salt: str | None = None) -> Generation:
+                       top_p: float = 1.0, stop: Sequence[str] = (), ignore_eos: bool = False, seed: int | None = None,
+                       cache_salt: str | None = None) -> Generation:
         """Generate a completion of `prompt` (text, tokenized with special tokens parsed, or token ids)."""
-        return await _last(self.stream(prompt, max_tokens=max_tokens, temperature=temperature,
+        return await _last(self.stream(prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop=stop,
                                        ignore_eos=ignore_eos, seed=seed, cache_salt=cache_salt))
 
     async def generate_many(self, prompts: Sequence[str | Sequence[int]], *, max_tokens: int = 256,

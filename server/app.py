@@ -28,7 +28,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from gatehead.agent.graph import AgentConfig
+from gatehead.agent.graph import AgentConfig, gate_decision
 from gatehead.gate.policy import Thresholds
 from gatehead.gate.prompt import Passage, Turn
 from gatehead.retrieval.config import StoreConfig
@@ -173,9 +173,39 @@ class CompletionRequest(BaseModel):
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    stop: str | list[str] | None = None
     n: int | None = Field(default=None, ge=1, le=1)
     seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
     ignore_eos: bool = False  # vLLM's extension: generate max_tokens tokens whatever the model says
+
+
+# OpenAI request fields gatehead does not implement, with the values that mean "not used": any other
+# value is refused (400) rather than silently ignored.
+UNSUPPORTED = {"tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
+               "function_call": (None, "none"), "response_format": (None, {"type": "text"}),
+               "logprobs": (None, False), "top_logprobs": (None, 0), "logit_bias": (None, {}),
+               "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0), "audio": (None,),
+               "modalities": (None, ["text"]), "prediction": (None,)}
+
+
+def _refuse_unsupported(body: CompletionRequest, agent: bool) -> list[str]:
+    """The stop strings to use; 400 for any field gatehead would otherwise ignore."""
+    extra = body.model_extra or {}
+    used = sorted(name for name, idle in UNSUPPORTED.items() if name in extra and extra[name] not in idle)
+    if used:
+        raise ApiError(400, f"gatehead does not support {', '.join(used)}; leave them out")
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    if len(stop) > 4 or any(not s for s in stop):
+        raise ApiError(400, "stop takes at most 4 non-empty strings")
+    if agent:
+        tuned = [name for name, value, idle in (("temperature", body.temperature, 0), ("top_p", body.top_p, 1),
+                                                ("stop", stop, []), ("ignore_eos", body.ignore_eos, False))
+                 if value is not None and value != idle]
+        if tuned:
+            raise ApiError(400, f"the {AGENT_MODEL} model answers greedily from the documents; it does not take "
+                                f"{', '.join(tuned)}")
+    return stop
 
 
 class ApiError(Exception):
@@ -275,6 +305,40 @@ def create_app(config: ServerConfig) -> FastAPI:
         finally:
             watcher.cancel()
 
+    def timed(request: Request, events: AsyncIterator[str], expired: Callable[[str], str]) -> AsyncIterator[str]:
+        """A response stream under the request's deadline; cancelled with its engine work on a disconnect.
+
+        Past the deadline the stream ends with `expired(message)` (an error event: the status line has
+        long gone); a client that goes away cancels the stream (Starlette) and so the engine request.
+        """
+        limit = deadline(request)  # before the response starts: a bad header is still a 400
+        end = None if limit is None else time.monotonic() + limit
+
+        async def stream() -> AsyncIterator[str]:
+            finished = False
+            try:
+                while True:
+                    try:
+                        if end is None:
+                            event = await anext(events)
+                        else:
+                            event = await asyncio.wait_for(anext(events), max(0.0, end - time.monotonic()))
+                    except StopAsyncIteration:
+                        finished = True
+                        return
+                    except asyncio.TimeoutError:
+                        finished = True
+                        metrics.timeouts.inc()
+                        yield expired("the request ran past its deadline; its work was cancelled")
+                        return
+                    yield event
+            finally:
+                if not finished:  # cancelled or closed mid-stream: the client went away
+                    metrics.disconnects.inc()
+                await events.aclose()
+
+        return stream()
+
     # ----- probes and metrics ----------------------------------------------------------------
 
     @app.get("/livez")
@@ -315,14 +379,10 @@ def create_app(config: ServerConfig) -> FastAPI:
         thresholds = Thresholds.from_dict(item.thresholds) if item.thresholds is not None else None
         passages = [Passage(text=d) if isinstance(d, str) else Passage(**d.model_dump()) for d in item.documents]
         turns = [Turn(m.role, m.content) for m in item.conversation]
-        outcome = await runtime.engine.gate(item.question, passages, turns, thresholds=thresholds,
-                                            cache_salt=salt)
-        result = outcome.result
-        metrics.gate(result.decision, result.probs)
-        return {"decision": result.decision, "probs": result.probs, "thresholds": result.thresholds.to_dict(),
-                "prompt_tokens": outcome.num_prompt_tokens,
-                "dropped": {"turns": list(outcome.prompt.dropped.turns),
-                            "documents": list(outcome.prompt.dropped.passages)}}
+        result = await gate_decision(runtime.engine, item.question, passages, turns, thresholds, salt)
+        metrics.gate(result["decision"], result["probs"])
+        dropped = result.pop("prompt").dropped
+        return {**result, "dropped": {"turns": list(dropped.turns), "documents": list(dropped.passages)}}
 
     @app.post("/v1/gate")
     async def gate(body: GateItem | GateBatch, request: Request) -> dict:
@@ -365,8 +425,9 @@ def create_app(config: ServerConfig) -> FastAPI:
         if not body.message.strip():
             raise ApiError(400, "the message is empty")
         if body.stream:
-            return StreamingResponse(_agent_sse(runtime, metrics, body.message, key, public, salt, turn_payload,
-                                                claimed), media_type="text/event-stream")
+            events = _agent_sse(runtime, metrics, body.message, key, public, salt, turn_payload, claimed)
+            return StreamingResponse(timed(request, events, lambda m: _sse("error", {"message": m, "code": 504})),
+                                     media_type="text/event-stream")
         started = time.perf_counter()
         with claimed(key):
             result = await bounded(request, runtime.agent.ask(body.message, key, cache_salt=salt))
@@ -388,8 +449,10 @@ def create_app(config: ServerConfig) -> FastAPI:
         if body.model not in (AGENT_MODEL, config.base_name):
             raise ApiError(404, f"model {body.model!r} does not exist; this server has {AGENT_MODEL!r} and "
                                 f"{config.base_name!r}", "not_found_error")
+        stop = _refuse_unsupported(body, agent=body.model == AGENT_MODEL)
         messages = [(m.role if m.role != "developer" else "system", _text(m.content)) for m in body.messages]
         max_tokens = body.max_completion_tokens or body.max_tokens
+        expired = lambda message: _error_chunk(message, "timeout", 504)  # noqa: E731
         salt = _salt(tenant_of(request), keys)
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
         if body.model == AGENT_MODEL:
@@ -400,23 +463,24 @@ def create_app(config: ServerConfig) -> FastAPI:
             if not question.strip():
                 raise ApiError(400, "the last user message is empty")
             if body.stream:
-                return StreamingResponse(_openai_agent_sse(runtime, metrics, body.model, completion_id, question,
-                                                           history, salt), media_type="text/event-stream")
+                events = _openai_agent_sse(runtime, metrics, body.model, completion_id, question, history, salt,
+                                           max_tokens)
+                return StreamingResponse(timed(request, events, expired), media_type="text/event-stream")
             started = time.perf_counter()
-            result = await bounded(request, _one_off_turn(runtime, question, history, salt))
+            result = await bounded(request, _one_off_turn(runtime, question, history, salt, max_tokens))
             _record_turn(metrics, result, started)
             if result.error:
                 return error_response(502, result.error, "retrieval_error")
-            return _completion(completion_id, body.model, result.answer, "stop", None,
+            return _completion(completion_id, body.model, result.answer, result.finish_reason, None,
                                {"decision": result.decision, "gates": result.gates, "sources": result.sources})
         prompt = runtime.engine.prompts.chat(messages)
         limit = max_tokens or max(1, min(512, runtime.engine.max_model_len - len(prompt)))
         runtime.engine.check_length(prompt, limit)  # before a stream starts
-        sampling = {"max_tokens": limit, "temperature": body.temperature or 0.0, "seed": body.seed,
-                    "ignore_eos": body.ignore_eos, "cache_salt": salt}
+        sampling = {"max_tokens": limit, "temperature": body.temperature or 0.0, "top_p": body.top_p or 1.0,
+                    "stop": stop, "seed": body.seed, "ignore_eos": body.ignore_eos, "cache_salt": salt}
         if body.stream:
-            return StreamingResponse(_openai_plain_sse(runtime, metrics, body.model, completion_id, prompt, sampling),
-                                     media_type="text/event-stream")
+            events = _openai_plain_sse(runtime, metrics, body.model, completion_id, prompt, sampling)
+            return StreamingResponse(timed(request, events, expired), media_type="text/event-stream")
         out = await bounded(request, runtime.engine.generate(prompt, **sampling))
         usage = {"prompt_tokens": len(prompt), "completion_tokens": len(out.token_ids),
                  "total_tokens": len(prompt) + len(out.token_ids)}
@@ -584,11 +648,13 @@ def _record_turn(metrics: Metrics, result, started: float) -> None:
     metrics.turns.labels(result.decision or "none").inc()
 
 
-async def _one_off_turn(runtime: Runtime, question: str, history: list[Turn], salt: str | None):
+async def _one_off_turn(runtime: Runtime, question: str, history: list[Turn], salt: str | None,
+                        max_tokens: int | None):
     """An OpenAI-API agent turn: the conversation comes with the request, so its thread is deleted after."""
     thread = uuid.uuid4().hex
     try:
-        return await runtime.agent.ask(question, thread, history=history, cache_salt=salt)
+        return await runtime.agent.ask(question, thread, history=history, cache_salt=salt,
+                                       max_answer_tokens=max_tokens)
     finally:
         await runtime.saver.adelete_thread(thread)
 
@@ -602,8 +668,15 @@ async def _agent_sse(runtime: Runtime, metrics: Metrics, message: str, key: str,
     started = time.perf_counter()
     try:
         with claimed(key):
-            async for event in _agent_events(runtime, metrics, message, key, public, salt, payload, started):
-                yield event
+            async for event in runtime.agent.stream(message, key, cache_salt=salt):
+                if event.kind == "token":
+                    yield _sse("token", {"text": event.text})
+                elif event.kind == "node":
+                    keep = ("gates", "ask", "error")
+                    yield _sse("node", {"node": event.node, **{k: v for k, v in event.data.items() if k in keep}})
+                else:
+                    _record_turn(metrics, event.result, started)
+                    yield _sse("final", payload(event.result, public))
     except ApiError as exc:
         yield _sse("error", {"message": exc.message, "code": exc.status})
     except Exception as exc:  # noqa: BLE001 - the stream has started: the error is an event, then the end
@@ -611,25 +684,13 @@ async def _agent_sse(runtime: Runtime, metrics: Metrics, message: str, key: str,
         yield _sse("error", {"message": f"{type(exc).__name__}: {exc}", "code": 500})
 
 
-async def _agent_events(runtime: Runtime, metrics: Metrics, message: str, key: str, public: str, salt: str | None,
-                        payload: Callable, started: float) -> AsyncIterator[str]:
-    async for event in runtime.agent.stream(message, key, cache_salt=salt):
-        if event.kind == "token":
-            yield _sse("token", {"text": event.text})
-        elif event.kind == "node":
-            data = {"node": event.node, **{k: v for k, v in event.data.items() if k in ("gates", "ask", "error")}}
-            yield _sse("node", data)
-        else:
-            _record_turn(metrics, event.result, started)
-            yield _sse("final", payload(event.result, public))
-
-
 async def _openai_agent_sse(runtime: Runtime, metrics: Metrics, model: str, completion_id: str, question: str,
-                            history: list[Turn], salt: str | None) -> AsyncIterator[str]:
+                            history: list[Turn], salt: str | None, max_tokens: int | None) -> AsyncIterator[str]:
     started, thread = time.perf_counter(), uuid.uuid4().hex
     yield _chunk(completion_id, model, {"role": "assistant", "content": ""}, None)
     try:
-        async for event in runtime.agent.stream(question, thread, history=history, cache_salt=salt):
+        async for event in runtime.agent.stream(question, thread, history=history, cache_salt=salt,
+                                                max_answer_tokens=max_tokens):
             if event.kind == "token":
                 yield _chunk(completion_id, model, {"content": event.text}, None)
             elif event.kind == "final":
@@ -641,7 +702,7 @@ async def _openai_agent_sse(runtime: Runtime, metrics: Metrics, model: str, comp
                 if result.decision != "answer" and result.answer:  # a refusal is said, not generated
                     yield _chunk(completion_id, model, {"content": result.answer}, None)
                 extra = {"decision": result.decision, "gates": result.gates, "sources": result.sources}
-                yield _chunk(completion_id, model, {}, "stop", extra)
+                yield _chunk(completion_id, model, {}, result.finish_reason, extra)
         yield "data: [DONE]\n\n"
     except Exception as exc:  # noqa: BLE001 - the stream has started: the error is a chunk
         log.exception("completion stream failed")

@@ -64,6 +64,20 @@ def test_answer_route_reuses_the_gate_prefill(agent, loop) -> None:
     assert generate["ttft"] > 0 and all(t["seconds"] >= 0 for t in result.timings)
 
 
+def test_an_answer_cut_at_its_budget_says_length_and_the_salt_is_never_checkpointed(agent, saver, loop) -> None:
+    result = loop.run(agent.ask(ROWAN, "budget", max_answer_tokens=1, cache_salt="tenant-secret-salt"))
+    assert result.decision == "answer" and result.finish_reason == "length"
+    assert loop.run(agent.ask(ROWAN, "budget")).finish_reason == "stop"
+
+    async def stored() -> str:
+        return "".join(repr(c) for c in [item async for item in saver.alist({"configurable": {"thread_id": "budget"}})])
+
+    text = loop.run(stored())
+    assert "budget" in text and "tenant-secret-salt" not in text
+    with pytest.raises(ValueError, match="max_answer_tokens"):
+        loop.run(agent.ask(ROWAN, max_answer_tokens=0))
+
+
 def test_search_route_rewrites_then_answers(agent, loop) -> None:
     result = loop.run(agent.ask(BY_CODE))
     assert [g["decision"] for g in result.gates] == ["search", "answer"]

@@ -223,15 +223,99 @@ def test_prefix_cache_is_salted_per_key(server: Server) -> None:
     assert engine_gauge(server, "prefix_cache_hits") == again
 
 
-def test_a_client_disconnect_aborts_the_work(server: Server) -> None:
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{server.url}/v1/chat/completions", json=STORY, headers=AUTH, timeout=0.3)
-    time.sleep(1.0)
+def metric(server: Server, name: str) -> float:
     text = server.client.get("/metrics", headers=AUTH).text
-    assert "gatehead_client_disconnects_total 1.0" in text
-    # A gate request now runs alone: the story (1,500 tokens, about 15 s) was aborted in the engine.
+    return float(next((line.split()[-1] for line in text.splitlines() if line.startswith(f"{name} ")), 0.0))
+
+
+def eventually(check, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, "the condition did not hold in time"
+        time.sleep(0.2)
+
+
+def only_this_request_runs(server: Server) -> bool:
+    """True once a gate request runs alone in the engine: nothing earlier is still generating."""
     assert server.post("/v1/gate", {"question": ROWAN}).status_code == 200
-    assert engine_gauge(server, "running") <= 1
+    return engine_gauge(server, "running") <= 1
+
+
+def test_a_client_disconnect_aborts_the_work(server: Server) -> None:
+    before = metric(server, "gatehead_client_disconnects_total")
+    # A JSON request: the whole request sent, the engine generating (2,000 tokens, ~20 s), then hang up.
+    body = json.dumps(STORY).encode()
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    eventually(lambda: engine_gauge(server, "running") >= 1)
+    sock.close()
+    eventually(lambda: metric(server, "gatehead_client_disconnects_total") == before + 1)
+    eventually(lambda: only_this_request_runs(server))
+    # A stream: read until the first tokens arrive, then hang up.
+    with server.client.stream("POST", "/v1/chat/completions", json={**STORY, "stream": True},
+                              headers=AUTH) as response:
+        assert response.status_code == 200
+        next(line for line in response.iter_lines() if '"content": "' in line and '"content": ""' not in line)
+    eventually(lambda: metric(server, "gatehead_client_disconnects_total") == before + 2)
+    eventually(lambda: only_this_request_runs(server))
+
+
+def test_a_stream_past_its_deadline_ends_with_an_error_event_and_frees_the_engine(server: Server) -> None:
+    before = metric(server, "gatehead_deadline_exceeded_total")
+    with server.client.stream("POST", "/v1/chat/completions", json={**STORY, "stream": True},
+                              headers={**AUTH, "X-Gatehead-Timeout": "3"}) as response:
+        assert response.status_code == 200
+        chunks = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+    assert any(c["choices"][0]["delta"].get("content") for c in chunks if "choices" in c)  # tokens came first
+    assert chunks[-1]["error"]["code"] == 504 and chunks[-1]["error"]["type"] == "timeout"
+    with server.client.stream("POST", "/v1/agent/chat", json={"message": "What is the price of the BS-370?",
+                                                              "thread_id": "late", "stream": True},
+                              headers={**AUTH, "X-Gatehead-Timeout": "0.3"}) as response:
+        assert response.status_code == 200
+        events = [line[7:] for line in response.iter_lines() if line.startswith("event: ")]
+    assert events[0] == "node" and events[-1] == "error" and "final" not in events
+    assert metric(server, "gatehead_deadline_exceeded_total") == before + 2
+    eventually(lambda: only_this_request_runs(server))
+    # The cut turn released its thread: the next turn on it runs (and first finishes the cut one).
+    assert server.post("/v1/agent/chat", {"message": ROWAN, "thread_id": "late"}).status_code == 200
+
+
+def test_one_turn_at_a_time_per_thread(server: Server) -> None:
+    with server.client.stream("POST", "/v1/agent/chat", json={"message": "What is the price of the BS-370?",
+                                                              "thread_id": "busy", "stream": True},
+                              headers=AUTH) as response:
+        lines = response.iter_lines()
+        assert next(lines) == "event: node"  # the turn has begun: the thread is claimed
+        clash = server.post("/v1/agent/chat", {"message": ROWAN, "thread_id": "busy"})
+        assert clash.status_code == 409 and "already has a turn" in clash.json()["error"]["message"]
+        assert "event: final" in list(lines)
+    assert server.post("/v1/agent/chat", {"message": ROWAN, "thread_id": "busy"}).status_code == 200
+
+
+def test_openai_sampling_fields_are_honoured_or_refused(server: Server) -> None:
+    def complete(**fields) -> httpx.Response:
+        return server.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Say hello."}],
+                                                    "model": "gatehead-demo", "max_tokens": 24, **fields})
+
+    text = complete().json()["choices"][0]["message"]["content"]
+    cut = text[len(text) // 2:len(text) // 2 + 2]
+    stopped = complete(stop=[cut, "never-in-the-text"]).json()["choices"][0]
+    assert stopped["message"]["content"] == text[:text.index(cut)] and stopped["finish_reason"] == "stop"
+    # top_p this small keeps only the most likely token: hot sampling becomes greedy.
+    assert complete(temperature=2, top_p=1e-9, seed=3).json()["choices"][0]["message"]["content"] == text
+    assert complete(top_p=0).status_code == 422
+    for fields, named in (({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+                          ({"response_format": {"type": "json_object"}}, "response_format"),
+                          ({"logprobs": True}, "logprobs"), ({"stop": ["a"] * 5}, "stop")):
+        refused = complete(**fields)
+        assert refused.status_code == 400 and named in refused.json()["error"]["message"], refused.text
+    assert complete(tools=[], response_format={"type": "text"}, user="u-1").status_code == 200  # "not used"
+    agent = {"model": "gatehead-agent", "messages": [{"role": "user", "content": ROWAN}]}
+    hot = server.post("/v1/chat/completions", {**agent, "temperature": 0.7})
+    assert hot.status_code == 400 and "temperature" in hot.json()["error"]["message"]
+    short = server.post("/v1/chat/completions", {**agent, "max_tokens": 1}).json()["choices"][0]
+    assert short["finish_reason"] == "length" and short["message"]["content"] == "€"
 
 
 def test_schema_fuzzing_finds_no_server_errors(server: Server, workdir: Path) -> None:
@@ -280,10 +364,10 @@ def test_load_is_shed_with_retry_after_and_deadlines_cancel_work(server: Server)
     assert shed.status_code == 503 and shed.headers["retry-after"] == "1", shed.text
     assert [h.finish() for h in held] == [200, 200]
     assert server.post("/v1/gate", {"question": ROWAN}).status_code == 200  # slots free again
-    started = time.monotonic()
+    started, before = time.monotonic(), metric(server, "gatehead_deadline_exceeded_total")
     late = server.post("/v1/chat/completions", STORY, {"X-Gatehead-Timeout": "0.05"})
     assert late.status_code == 504 and time.monotonic() - started < 10, late.text
-    assert "gatehead_deadline_exceeded_total 1.0" in server.client.get("/metrics", headers=AUTH).text
+    assert metric(server, "gatehead_deadline_exceeded_total") == before + 1
 
 
 def test_sigterm_drains_then_a_restart_continues_the_thread(server: Server, workdir: Path) -> None:
