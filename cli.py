@@ -264,17 +264,13 @@ def _run_agent(args: argparse.Namespace, body) -> int:
     """Open the store, start the engine, open the thread checkpointer, and run `body(agent)` in one event loop."""
     import asyncio
 
-    from gatehead.agent.checkpoint import default_checkpoint_path, open_checkpointer
+    from gatehead.agent.checkpoint import open_checkpointer
     from gatehead.agent.graph import Agent, AgentConfig
-    from gatehead.demo.index import DEFAULT_PATH, open_demo_store
-    from gatehead.retrieval.embedder import Embedder
-    from gatehead.retrieval.store import Store
+    from gatehead.demo.index import open_agent_store
 
     config = AgentConfig(top_k=args.top_k, max_searches=args.max_searches, max_answer_tokens=args.max_tokens)
-    store_config = _store_config(args)
-    threads = args.threads or str(default_checkpoint_path(store_config or StoreConfig(path=DEFAULT_PATH)))
-    store = open_demo_store(log=lambda m: print(m, file=sys.stderr)) if store_config is None \
-        else Store(store_config, Embedder())
+    store, default_threads = open_agent_store(_store_config(args), log=lambda m: print(m, file=sys.stderr))
+    threads = args.threads or default_threads
     try:
         engine = _engine(args)
         try:

@@ -26,3 +26,14 @@ def open_demo_store(path: str | Path = DEFAULT_PATH, embedder=None, log=print):
     if report.added or report.updated or report.removed:
         log(f"Demo index at {path}: {report.summary()}")
     return store
+
+
+def open_agent_store(config=None, log=print):
+    """(store, default thread-checkpoint target) for the agent: `config`'s store, or the demo index if None."""
+    from gatehead.agent.checkpoint import default_checkpoint_path
+    from gatehead.retrieval.config import StoreConfig
+    from gatehead.retrieval.embedder import Embedder
+    from gatehead.retrieval.store import Store
+
+    store = open_demo_store(log=log) if config is None else Store(config, Embedder())
+    return store, str(default_checkpoint_path(config or StoreConfig(path=DEFAULT_PATH, collection=COLLECTION)))

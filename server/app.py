@@ -91,21 +91,17 @@ class Runtime:
         self._stack = contextlib.AsyncExitStack()
 
     async def start(self, config: ServerConfig) -> None:
-        from gatehead.agent.checkpoint import default_checkpoint_path, open_checkpointer
+        from gatehead.agent.checkpoint import open_checkpointer
         from gatehead.agent.graph import Agent
-        from gatehead.demo.index import DEFAULT_PATH, open_demo_store
-        from gatehead.retrieval.embedder import Embedder
-        from gatehead.retrieval.store import Store
+        from gatehead.demo.index import open_agent_store
         from gatehead.runtime.engine import EngineConfig, SharedEngine
 
         try:
-            self.store = await asyncio.to_thread(
-                lambda: open_demo_store(log=log.info) if config.store is None else Store(config.store, Embedder()))
+            self.store, default_threads = await asyncio.to_thread(open_agent_store, config.store, log.info)
             self.engine = await asyncio.to_thread(SharedEngine, EngineConfig(
                 model=config.model, adapter=config.adapter, enforce_eager=config.enforce_eager,
                 kv_cache_memory_bytes=config.kv_cache_bytes, max_model_len=config.max_model_len))
-            target = config.threads or str(default_checkpoint_path(config.store or StoreConfig(path=DEFAULT_PATH)))
-            self.saver = await self._stack.enter_async_context(open_checkpointer(target))
+            self.saver = await self._stack.enter_async_context(open_checkpointer(config.threads or default_threads))
             self.agent = Agent(self.engine, self.store, config.agent, self.saver)
             await self.engine.generate([self.engine.tokenizer.eos_token_id], max_tokens=1)  # warm-up
             self.ready = True
