@@ -17,15 +17,16 @@ import hashlib
 import hmac
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from gatehead.agent.graph import AgentConfig, gate_decision
@@ -38,6 +39,12 @@ from gatehead.server.metrics import Metrics
 log = logging.getLogger("gatehead.server")
 AGENT_MODEL = "gatehead-agent"
 PROBES = ("/livez", "/readyz")
+STATIC = Path(__file__).parent / "static"
+PAGE_FILES = {"chat.js": "text/javascript", "chat.css": "text/css"}
+# The chat page and its two files hold no data: they load without a key (the page asks for one).
+PUBLIC = (*PROBES, "/", *(f"/static/{name}" for name in PAGE_FILES))
+PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'",
+                "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"}
 
 
 @dataclass(frozen=True)
@@ -149,9 +156,12 @@ class GateBatch(Strict):
     items: list[GateItem] = Field(min_length=1, max_length=64)
 
 
+THREAD_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
 class ChatRequest(Strict):
     message: str = Field(min_length=1)
-    thread_id: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")
+    thread_id: str | None = Field(default=None, min_length=1, max_length=128, pattern=THREAD_ID.pattern)
     stream: bool = False
 
 
@@ -412,7 +422,8 @@ def create_app(config: ServerConfig) -> FastAPI:
     def turn_payload(result, public_thread: str) -> dict:
         return {"thread_id": public_thread, "answer": result.answer, "decision": result.decision,
                 "probabilities": result.probs, "gates": result.gates, "queries": result.queries,
-                "sources": result.sources, "dropped": result.dropped, "error": result.error or None}
+                "sources": result.sources, "passages": [asdict(p) for p in result.passages],
+                "dropped": result.dropped, "error": result.error or None}
 
     @app.post("/v1/agent/chat")
     async def agent_chat(body: ChatRequest, request: Request):
@@ -431,6 +442,28 @@ def create_app(config: ServerConfig) -> FastAPI:
         if result.error:
             return error_response(502, result.error, "retrieval_error")
         return turn_payload(result, public)
+
+    @app.get("/v1/agent/threads/{thread_id}")
+    async def agent_thread(thread_id: str, request: Request) -> dict:
+        if not THREAD_ID.fullmatch(thread_id):
+            raise ApiError(400, "a thread id is 1-128 characters of letters, digits and . _ : -")
+        public, key = thread_key(request, thread_id)
+        turns = await runtime.agent.history(key)
+        if not turns:
+            raise ApiError(404, f"no thread {public!r} for this key", "not_found_error")
+        return {"thread_id": public, "turns": [{"role": t.role, "text": t.text} for t in turns]}
+
+    # ----- the chat page -------------------------------------------------------------------------
+
+    @app.get("/", include_in_schema=False)
+    async def chat_page() -> FileResponse:
+        return FileResponse(STATIC / "chat.html", media_type="text/html", headers=PAGE_HEADERS)
+
+    @app.get("/static/{name}", include_in_schema=False)
+    async def page_file(name: str) -> FileResponse:
+        if name not in PAGE_FILES:
+            raise ApiError(404, "no such file", "not_found_error")
+        return FileResponse(STATIC / name, media_type=PAGE_FILES[name], headers=PAGE_HEADERS)
 
     # ----- OpenAI-compatible ---------------------------------------------------------------------
 
@@ -508,7 +541,9 @@ class Guard:
             await self._guarded(scope, receive, sending)
         finally:
             path = scope["path"]
-            self.metrics.request(path if path in _ROUTES else "other", status[0], time.perf_counter() - started)
+            route = path if path in _ROUTES else "/v1/agent/threads" if path.startswith("/v1/agent/threads/") \
+                else "other"
+            self.metrics.request(route, status[0], time.perf_counter() - started)
 
     async def _guarded(self, scope, receive, send) -> None:
         path, runtime, config = scope["path"], self.runtime, self.config
@@ -518,7 +553,7 @@ class Guard:
         async def reply(response) -> None:
             await response(scope, receive, send)
 
-        if path not in PROBES and self.keys:
+        if path not in PUBLIC and self.keys:
             given = headers.get("authorization", "")
             token = given[7:].encode() if given.lower().startswith("bearer ") else b""
             matched = [hmac.compare_digest(token, k) for k in self.keys]  # every key compared: constant time
@@ -574,7 +609,8 @@ class Guard:
                 raise
 
 
-_ROUTES = {"/livez", "/readyz", "/metrics", "/v1/gate", "/v1/agent/chat", "/v1/models", "/v1/chat/completions"}
+_ROUTES = {"/livez", "/readyz", "/metrics", "/v1/gate", "/v1/agent/chat", "/v1/models", "/v1/chat/completions",
+           *PUBLIC}
 
 
 async def _all_or_none(coroutines: list) -> list:

@@ -370,6 +370,106 @@ def test_load_is_shed_with_retry_after_and_deadlines_cancel_work(server: Server)
     assert metric(server, "gatehead_deadline_exceeded_total") == before + 1
 
 
+CHROMIUM = "/usr/bin/chromium"  # Debian's package, installed by `make test`
+ARTIFACTS = Path(os.environ.get("GATEHEAD_ARTIFACTS", Path(__file__).resolve().parents[2] / "build" / "artifacts"))
+# Relative luminance contrast of an element's text on the first opaque background behind it (WCAG 2).
+CONTRAST = """(el) => {
+  const rgb = (c) => c.match(/[\\d.]+/g).map(Number);
+  const lum = ([r, g, b]) => [r, g, b].map((v) => { v /= 255; return v <= 0.03928 ? v / 12.92 :
+                                                     Math.pow((v + 0.055) / 1.055, 2.4); })
+                                      .reduce((sum, v, i) => sum + v * [0.2126, 0.7152, 0.0722][i], 0);
+  let bg = el;
+  while (bg && (getComputedStyle(bg).backgroundColor === "rgba(0, 0, 0, 0)")) bg = bg.parentElement;
+  const a = lum(rgb(getComputedStyle(el).color));
+  const b = lum(rgb(getComputedStyle(bg || document.body).backgroundColor));
+  return (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+}"""
+
+
+def test_chat_page_in_headless_chromium(server: Server) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    assert server.client.get("/").status_code == 200 and server.client.get("/static/chat.js").status_code == 200
+    assert server.client.get("/static/app.py", headers=AUTH).status_code == 404  # the page files only
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync"])
+        page = browser.new_page(viewport={"width": 1000, "height": 900})
+        try:
+            page.goto(server.url + "/")
+            # No key yet: the page says so and opens the key field; everything below is typed.
+            expect(page.locator("#status")).to_contain_text("needs an API key")
+            page.focus("#api-key")
+            page.keyboard.type(KEY)
+            page.keyboard.press("Tab")  # leaving the field saves the key
+            assert page.evaluate("localStorage.getItem('gatehead.key')") == KEY
+
+            # Every state of the streaming bubble, to see tokens arrive before the badge.
+            page.evaluate("""() => {
+                window.seen = [];
+                new MutationObserver(() => {
+                    const last = [...document.querySelectorAll('.turn.assistant')].pop();
+                    if (last) window.seen.push([last.querySelector('.bubble').textContent,
+                                                !!last.querySelector('.badge')]);
+                }).observe(document.getElementById('conversation'),
+                           {subtree: true, childList: true, characterData: true});
+            }""")
+            ask(page, ROWAN)
+            first = page.locator(".turn.assistant").nth(0)
+            expect(first.locator(".badge")).to_have_text("answer", timeout=60_000)
+            expect(first.locator(".bubble")).to_have_text("€354 [1]")
+            assert any(text and not badge for text, badge in page.evaluate("window.seen")), "no streamed tokens"
+            assert first.locator(".prob").count() == 3
+            source = first.locator(".sources details").first
+            expect(source.locator("summary")).to_contain_text("Rowan Lantern")
+            source.locator("summary").click()
+            expect(source.locator("pre")).to_contain_text("€354")
+            page.screenshot(path=ARTIFACTS / "chat-answer.png")
+
+            ask(page, "And its warranty?")  # the same thread: the follow-up refers back
+            expect(page.locator(".turn.assistant").nth(1).locator(".bubble")).to_have_text("4 years [1]",
+                                                                                          timeout=60_000)
+            ask(page, "How much does the Mistral Tent cost?")
+            refusal = page.locator(".turn.assistant").nth(2)
+            expect(refusal.locator(".badge")).to_have_text("refuse", timeout=60_000)
+            expect(refusal.locator(".bubble")).to_have_text("I'm sorry, but the documents do not cover that.")
+            page.screenshot(path=ARTIFACTS / "chat-conversation.png")
+            for selector in (".turn.user .bubble", ".turn.assistant .bubble", ".badge.answer", ".badge.refuse",
+                             ".prob", "#send", "#new-thread", "label[for=message]", ".sources summary"):
+                ratio = page.locator(selector).first.evaluate(CONTRAST)
+                assert ratio >= 4.5, (selector, ratio)
+
+            page.reload()  # continue the conversation: its turns come back from the server
+            expect(page.locator(".turn")).to_have_count(6)
+            expect(page.locator("#status")).to_contain_text("Continuing")
+            page.focus("#message")
+            page.keyboard.press("Tab")
+            assert page.evaluate("document.activeElement.id") == "send"
+            page.focus("#new-thread")
+            page.keyboard.press("Enter")
+            expect(page.locator(".turn")).to_have_count(0)
+
+            held = [HeldRequest(server, "/v1/gate", {"question": ROWAN}) for _ in range(2)]  # --max-inflight 2
+            ask(page, ROWAN)
+            expect(page.locator(".turn.error .bubble")).to_contain_text("busy")
+            assert [h.finish() for h in held] == [200, 200]
+            page.route("**/v1/agent/chat", lambda route: route.abort())  # the server is gone
+            ask(page, ROWAN)
+            expect(page.locator(".turn.error .bubble").nth(1)).to_contain_text("Cannot reach the server")
+            page.screenshot(path=ARTIFACTS / "chat-errors.png")
+        finally:
+            browser.close()
+
+
+def ask(page, question: str) -> None:
+    page.wait_for_function("!document.getElementById('send').disabled")
+    page.focus("#message")
+    page.keyboard.type(question)
+    page.keyboard.press("Enter")
+
+
 def test_sigterm_drains_then_a_restart_continues_the_thread(server: Server, workdir: Path) -> None:
     before = server.post("/v1/agent/chat", {"message": ROWAN, "thread_id": "restart"}).json()
     held = HeldRequest(server, "/v1/gate", {"question": ROWAN})
