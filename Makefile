@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # where the machine has one (find-links), else from PyTorch's CPU index (PyPI has only CUDA builds).
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: install demo test lint clean
+.PHONY: install browser demo test lint clean
 
 install: $(VENV)/.installed
 
@@ -21,7 +21,12 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $@
 
-test: install
+# The chat page's browser test drives Debian's Chromium (Playwright's own browser download cannot
+# run here). Installed once, as root, where it is missing.
+browser:
+	@command -v chromium >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
+
+test: install browser
 	$(BIN)/python -m pytest
 
 demo: install

@@ -252,6 +252,8 @@ DEMO_QUESTIONS = (
 
 def _store_config(args: argparse.Namespace) -> StoreConfig | None:
     """The store the agent commands use; None for the demo index (built on first use)."""
+    if args.url and args.store:  # possible through the environment (GATEHEAD_URL and GATEHEAD_STORE)
+        raise ValueError("give a store directory or a Qdrant URL, not both")
     if args.url:
         return StoreConfig(url=args.url, api_key=os.environ.get("QDRANT_API_KEY"),
                            collection=args.collection or StoreConfig.collection)
@@ -413,6 +415,37 @@ def _agent_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=AgentConfig.max_answer_tokens, help="answer length limit")
 
 
+SERVE_ENVIRONMENT = "GATEHEAD_"  # `gatehead serve --max-inflight` is also GATEHEAD_MAX_INFLIGHT, and so on
+
+
+def _defaults_from_environment(p: argparse.ArgumentParser) -> None:
+    """Every option of `p` also read from GATEHEAD_<OPTION> (containers configure by environment).
+
+    Flags given on the command line win. Lists are comma-separated; switches take 1/true/yes or
+    0/false/no. A value that does not parse is an error that names the variable.
+    """
+    for action in p._actions:
+        if not action.option_strings or action.dest in ("help", "api_key", "model", "adapter"):
+            continue  # keys: GATEHEAD_API_KEYS; model and adapter: GATEHEAD_MODEL / GATEHEAD_ADAPTER already
+        name = SERVE_ENVIRONMENT + action.dest.upper()
+        raw = os.environ.get(name)
+        if raw is None or raw == "":
+            continue
+        action.help = f"{action.help or ''} [from {name}]"
+        if isinstance(action, argparse._StoreTrueAction):
+            if raw.lower() not in ("1", "true", "yes", "0", "false", "no"):
+                p.error(f"{name}={raw!r}: use 1/true/yes or 0/false/no")
+            p.set_defaults(**{action.dest: raw.lower() in ("1", "true", "yes")})
+            continue
+        convert = action.type or str
+        try:
+            value = [convert(v.strip()) for v in raw.split(",") if v.strip()] \
+                if isinstance(action, argparse._AppendAction) else convert(raw)
+        except ValueError:
+            p.error(f"{name}={raw!r} is not a valid value for {action.option_strings[0]}")
+        p.set_defaults(**{action.dest: value})
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gatehead", description=gatehead.__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"gatehead {gatehead.__version__}")
@@ -526,6 +559,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drain-seconds", type=float, default=30.0, help="on SIGTERM, time for in-flight requests")
     _agent_arguments(p)
     p.set_defaults(func=_serve)
+    _defaults_from_environment(p)
 
     p = commands.add_parser("demo", help="run the agent over scripted demo questions: transcript and summary")
     p.add_argument("question", nargs="*", help="questions to ask instead, one thread each")

@@ -129,3 +129,29 @@ def test_chat_then_ask_continue_one_thread(tmp_path: Path) -> None:
     bad = subprocess.run([GATEHEAD, "ask", "  ", "--max-searches", "-1"], capture_output=True, text=True,
                          timeout=120, cwd=tmp_path)
     assert bad.returncode == 2 and "max_searches must be >= 0" in bad.stderr
+
+
+def test_serve_takes_every_option_from_the_environment_flags_win(monkeypatch) -> None:
+    import os
+
+    import pytest
+
+    from gatehead.cli import build_parser
+
+    for name, value in (("PORT", "9001"), ("HOST", "0.0.0.0"), ("CORS_ORIGIN", "http://a.test, http://b.test"),
+                        ("COMPILE", "true"), ("THREADS", "postgresql://db/threads"), ("TIMEOUT", "2.5"),
+                        ("URL", "http://qdrant:6333"), ("MAX_INFLIGHT", "8")):
+        monkeypatch.setenv(f"GATEHEAD_{name}", value)
+    args = build_parser().parse_args(["serve"])
+    assert (args.port, args.host, args.cors_origin, args.compile) == (9001, "0.0.0.0", ["http://a.test", "http://b.test"],
+                                                                      True)
+    assert (args.threads, args.timeout, args.url, args.max_inflight) == ("postgresql://db/threads", 2.5,
+                                                                         "http://qdrant:6333", 8)
+    assert build_parser().parse_args(["serve", "--port", "9002"]).port == 9002
+    monkeypatch.setenv("GATEHEAD_PORT", "eighty")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve"])
+    monkeypatch.setenv("GATEHEAD_PORT", "9001")
+    monkeypatch.setenv("GATEHEAD_STORE", "/data/qdrant")
+    result = run("serve", env=dict(os.environ))
+    assert result.returncode == 2 and "not both" in result.stderr

@@ -1,0 +1,91 @@
+"""The container images and the compose stack, checked without a Docker engine (none runs here).
+
+hadolint lints the Dockerfiles and check-jsonschema validates compose.yaml against the compose
+specification's schema; both are shown to fail on a broken file first, so a green run means
+something. The images' entrypoint is the `gatehead serve` the server tests run, every GATEHEAD_*
+setting in them is one that command reads, and the installed package carries the demo kit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gatehead.cli import SERVE_ENVIRONMENT, build_parser
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCKER = ROOT / "docker"
+BIN = Path(sys.executable).parent
+DOCKERFILES = ["Dockerfile.cpu", "Dockerfile.gpu"]
+
+
+def lint(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / args[0]), *args[1:]], capture_output=True, text=True, timeout=120)
+
+
+def test_hadolint_passes_the_dockerfiles_and_catches_a_bad_one(tmp_path: Path) -> None:
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM python:latest\nRUN apt-get update && apt-get install curl\nCMD gatehead serve\n")
+    caught = lint("hadolint", str(bad))
+    assert caught.returncode != 0 and "DL3007" in caught.stdout  # the :latest tag
+    result = lint("hadolint", *(str(DOCKER / name) for name in DOCKERFILES))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_compose_file_matches_the_compose_spec_and_a_typo_fails(tmp_path: Path) -> None:
+    compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
+    typo = tmp_path / "compose.yaml"
+    compose_typo = json.loads(json.dumps(compose))
+    compose_typo["services"]["postgres"]["healthcheck"]["intervall"] = "5s"
+    typo.write_text(yaml.safe_dump(compose_typo))
+    assert lint("check-jsonschema", "--builtin-schema", "vendor.compose-spec", str(typo)).returncode != 0
+    result = lint("check-jsonschema", "--builtin-schema", "vendor.compose-spec", str(DOCKER / "compose.yaml"))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def serve_variables() -> set[str]:
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    names = {SERVE_ENVIRONMENT + a.dest.upper() for a in commands.choices["serve"]._actions if a.option_strings}
+    return names | {"GATEHEAD_API_KEYS", "GATEHEAD_MODEL", "GATEHEAD_ADAPTER"}
+
+
+def test_images_run_gatehead_serve_configured_by_variables_it_reads() -> None:
+    known = serve_variables()
+    for name in DOCKERFILES:
+        lines = [line.strip() for line in (DOCKER / name).read_text().splitlines()]
+        assert 'ENTRYPOINT ["gatehead", "serve"]' in lines, name
+        assert any("/readyz" in line for line in lines if line.startswith("CMD") or "HEALTHCHECK" in line), name
+        env = {word.split("=")[0] for line in lines for word in line.replace("\\", "").split()
+               if word.startswith("GATEHEAD_") and "=" in word}
+        assert env and env <= known, (name, env - known)
+    compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
+    services = compose["services"]
+    assert set(services["gatehead"]["environment"]) <= known
+    assert "/readyz" in " ".join(services["gatehead"]["healthcheck"]["test"])
+    assert all("healthcheck" in services[name] for name in ("qdrant", "postgres", "gatehead"))
+    ingest = services["ingest"]
+    build_parser().parse_args([ingest["entrypoint"][1], *ingest["command"]])  # flags `gatehead ingest` takes
+    assert services["gatehead"]["environment"]["GATEHEAD_THREADS"].startswith("postgresql://")
+
+
+@pytest.mark.parametrize("part", ["gatehead/demo/model/config.json", "gatehead/demo/adapter/adapter_config.json",
+                                  "gatehead/demo/corpus/orders/bs-370.md", "gatehead/server/static/chat.js"])
+def test_an_installed_package_carries_the_demo_kit_and_the_chat_page(part: str, wheel: set[str]) -> None:
+    assert part in wheel
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> set[str]:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run([str(BIN / "pip"), "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), str(ROOT)],
+                   check=True, capture_output=True, timeout=300)
+    [built] = out.glob("gatehead-*.whl")
+    with zipfile.ZipFile(built) as archive:
+        return set(archive.namelist())
