@@ -20,8 +20,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gatehead.demo import ADAPTER_DIR, DEMO_DIR, MODEL_DIR
+
+if TYPE_CHECKING:
+    from gatehead.demo.train import LMConfig, ModelSpec
 
 CORPUS_DIR = DEMO_DIR / "corpus"
 QUESTIONS = DEMO_DIR / "questions.jsonl"
@@ -65,17 +69,23 @@ def generate(corpus_dir: Path = CORPUS_DIR, questions_path: Path = QUESTIONS) ->
     return {"documents": len(kb.docs), "questions": len(questions)}
 
 
-def train_model(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, smoke: bool = False) -> dict:
-    """Tokenizer and language model from the labelled training split plus synthetic knowledge bases."""
+def train_model(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, smoke: bool = False,
+                spec: ModelSpec | None = None, config: LMConfig | None = None) -> dict:
+    """Tokenizer and language model from the labelled training split plus synthetic knowledge bases.
+
+    `spec` and `config` default to the demo's own (`ModelSpec()`, `LMConfig()`), which made `demo/model`.
+    """
     import torch
 
     from gatehead.demo.tasks import training_examples
     from gatehead.demo.train import LMConfig, ModelSpec, build_demo_tokenizer, encode, new_model, train_lm
 
     started = time.time()
-    spec, config = ModelSpec(), LMConfig(max_steps=20 if smoke else None)
+    spec, config = spec or ModelSpec(), config or LMConfig()
+    if smoke:
+        config = replace(config, knowledge_bases=2, max_steps=20)
     records = _read_jsonl(data_dir / "train.jsonl")[:40 if smoke else None]
-    examples = training_examples(records, 2 if smoke else 32, SEED)
+    examples = training_examples(records, config.knowledge_bases, SEED)
     model_dir = out_dir / "model"
     if model_dir.exists():
         shutil.rmtree(model_dir)

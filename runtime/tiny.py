@@ -84,16 +84,20 @@ class TinyModel:
     adapter: GateAdapter
 
 
-def build_tokenizer(out_dir: Path, vocab_size: int, texts: Iterable[str] | None = None):
+def build_tokenizer(out_dir: Path, vocab_size: int, texts: Iterable[str] | None = None,
+                    split_digits: bool = False):
     """Train and save a byte-level BPE tokenizer with gatehead's reserved tokens and a ChatML template.
 
-    `texts` is the training text (default: a few lines like RAG prompts, enough for tiny models).
+    `texts` is the training text (default: a few lines like RAG prompts, enough for tiny models);
+    `split_digits` makes every digit its own token, so numbers are spelled from ten common tokens.
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level]) \
+        if split_digits else byte_level
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(RESERVED_TOKENS),
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
