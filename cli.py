@@ -415,6 +415,64 @@ def _agent_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=AgentConfig.max_answer_tokens, help="answer length limit")
 
 
+def _eval_arguments(p: argparse.ArgumentParser, memory_fraction: float | None = None) -> None:
+    _model_arguments(p)
+    p.add_argument("--memory-fraction", type=float, default=memory_fraction,
+                   help="size the KV cache by this memory fraction instead of --kv-mb")
+    p.add_argument("--block-size", type=int, help="KV block size (a multiple of 32 on CPU)")
+    p.add_argument("--out", type=Path, help="output folder (default: eval-runs/<eval>-<time>)")
+    p.add_argument("--ledger", type=Path, help="the ledger to append to (default: eval-runs/ledger.jsonl)")
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from gatehead.evals.run import run_eval
+    from gatehead.runtime.engine import EngineConfig
+
+    if args.eval == "convert-squad":
+        from gatehead.evals.squad import convert_squad
+
+        corpus, questions = convert_squad(args.squad, args.out, args.fixed_documents, args.limit)
+        print(f"wrote {corpus} and {questions}")
+        return 0
+    locations = model_locations()
+    config = EngineConfig(model=args.model or locations["model"], adapter=args.adapter or locations["adapter"],
+                          enforce_eager=not args.compile, max_model_len=args.max_model_len,
+                          kv_cache_memory_bytes=None if args.memory_fraction else args.kv_mb << 20,
+                          memory_fraction=args.memory_fraction or EngineConfig.memory_fraction,
+                          block_size=args.block_size)
+    settings = {k: str(v) for k, v in asdict(config).items() if k != "extra"}
+    settings.update({k: v for k, v in vars(args).items() if k not in ("func", "command") and not callable(v)
+                     and k not in settings})
+    if args.eval == "stability":
+        from gatehead.evals.stability import run_stability
+
+        variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+        return run_eval("stability", settings, lambda out: run_stability(config, args.n, args.max_tokens, variants,
+                                                                         out), args.out, args.ledger)
+    if args.eval == "agreement":
+        from gatehead.evals.agreement import run_agreement
+
+        return run_eval("agreement", settings, lambda out: run_agreement(config, args.m, out), args.out, args.ledger)
+    if args.eval == "kv":
+        from gatehead.evals.kv import run_kv
+
+        return run_eval("kv", settings, lambda out: run_kv(config, out), args.out, args.ledger)
+    from gatehead import demo
+    from gatehead.evals.dataset import run_dataset
+
+    questions, corpus = args.questions, args.corpus
+    if args.demo:
+        questions, corpus = questions or demo.DEMO_DIR / "data" / "test.jsonl", corpus or demo.DEMO_DIR / "corpus"
+    if questions is None:
+        raise ValueError("give --questions (or --demo for the demo test split)")
+    store = _store_config(args) if (args.store or args.url) else None
+    return run_eval("dataset", settings, lambda out: run_dataset(
+        config, questions, corpus, out, store, args.gate_only, args.top_k, args.limit, args.concurrency,
+        min_accuracy=args.min_accuracy), args.out, args.ledger)
+
+
 SERVE_ENVIRONMENT = "GATEHEAD_"  # `gatehead serve --max-inflight` is also GATEHEAD_MAX_INFLIGHT, and so on
 
 
@@ -560,6 +618,39 @@ def build_parser() -> argparse.ArgumentParser:
     _agent_arguments(p)
     p.set_defaults(func=_serve)
     _defaults_from_environment(p)
+
+    p = commands.add_parser("eval", help="evals judged by evals/RULES.md: stability, agreement, kv, dataset")
+    evals = p.add_subparsers(dest="eval", required=True, metavar="EVAL")
+    e = evals.add_parser("stability", help="answer stability of the shared engine vs stock vLLM")
+    e.add_argument("-n", type=int, default=64, help="generation requests (default 64)")
+    e.add_argument("--max-tokens", type=int, default=128)
+    e.add_argument("--variants", default="plain,mixed,tap-only,no-tap", help="comma-separated variants")
+    _eval_arguments(e)
+    e = evals.add_parser("agreement", help="gate agreement: shared vs dedicated engine and the HF references")
+    e.add_argument("-m", type=int, default=256, help="gate requests (default 256)")
+    _eval_arguments(e)
+    e = evals.add_parser("kv", help="KV capacity stock vs shared at one memory fraction; plugin and weights memory")
+    _eval_arguments(e, memory_fraction=0.1)
+    e = evals.add_parser("dataset", help="offline run over a labelled question set (gate or whole agent)")
+    e.add_argument("--questions", type=Path, help="questions JSONL (see evals/dataset.py)")
+    e.add_argument("--corpus", type=Path, help="a folder or JSONL file of documents, ingested into a fresh store")
+    e.add_argument("--demo", action="store_true", help="the demo test split (demo/data/test.jsonl, its corpus)")
+    where = e.add_mutually_exclusive_group()
+    where.add_argument("--store", metavar="DIR", help="an existing embedded store instead of ingesting")
+    where.add_argument("--url", help="an existing Qdrant server instead (API key from QDRANT_API_KEY)")
+    e.add_argument("--collection", help="collection in --store or --url")
+    e.add_argument("--gate-only", action="store_true", help="run the gate alone, not the agent")
+    e.add_argument("--top-k", type=int, default=3)
+    e.add_argument("--limit", type=int, help="the first N questions only")
+    e.add_argument("--concurrency", type=int, default=8, help="questions in flight")
+    e.add_argument("--min-accuracy", type=float, help="fail below this gate accuracy")
+    _eval_arguments(e)
+    e = evals.add_parser("convert-squad", help="SQuAD 2.0-style JSON -> corpus.jsonl + questions.jsonl")
+    e.add_argument("squad", type=Path)
+    e.add_argument("out", type=Path)
+    e.add_argument("--fixed-documents", action="store_true", help="each question keeps its own context")
+    e.add_argument("--limit", type=int)
+    p.set_defaults(func=_eval)
 
     p = commands.add_parser("demo", help="run the agent over scripted demo questions: transcript and summary")
     p.add_argument("question", nargs="*", help="questions to ask instead, one thread each")

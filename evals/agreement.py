@@ -62,3 +62,71 @@ def dedicated_gate_probs(export_dir: str | Path, prompts: Sequence[Sequence[int]
         llm.llm_engine.engine_core.shutdown()
     order = [list(labels).index(label) for label in LABELS]
     return np.array([[o.outputs.probs[i] for i in order] for o in outputs])
+
+
+def run_agreement(config, m: int = 256, out=None, work_dir=None):
+    """The agreement eval (`gatehead eval agreement`): four pairs judged by the rule; an `Outcome`."""
+    import tempfile
+    from dataclasses import asdict
+
+    from tqdm import tqdm
+
+    from gatehead.evals.plots import scatter
+    from gatehead.evals.run import Outcome, table
+    from gatehead.evals.stability import build_prompts
+    from gatehead.gate.adapter import load_gate_adapter
+    from gatehead.runtime.dedicated import export_dedicated
+    from gatehead.runtime.reference import HFReference
+
+    adapter = load_gate_adapter(config.adapter, config.model)
+    window = config.max_model_len or 2048
+    gates = build_prompts(config.model, config.adapter, m, 3, "gate", window)
+    generations = build_prompts(config.model, config.adapter, min(m, 64), 4, "answer", window)
+    progress = tqdm(total=4, desc="agreement: gates from each engine", unit="engine")
+    engine = SharedEngine(config)
+    try:
+        shared = asyncio.run(shared_gate_probs(engine, gates, generations))
+    finally:
+        engine.shutdown()
+    progress.update()
+    with tempfile.TemporaryDirectory(dir=work_dir) as tmp:
+        export = export_dedicated(config.model, config.adapter, Path(tmp) / "dedicated", dtype=config.dtype)
+        kv = {"kv_cache_memory_bytes": config.kv_cache_memory_bytes} if config.kv_cache_memory_bytes else \
+            {"gpu_memory_utilization": config.memory_fraction}
+        dedicated = dedicated_gate_probs(export, gates, adapter.spec.labels, dtype=config.dtype,
+                                         enforce_eager=config.enforce_eager, max_model_len=window, **kv)
+    progress.update()
+    fp32 = HFReference(config.model, config.adapter, "float32").gate_probs(gates)
+    progress.update()
+    bf16 = HFReference(config.model, config.adapter, "bfloat16").gate_probs(gates)
+    progress.update()
+    progress.close()
+    thresholds = adapter.spec.thresholds
+    pairs = {"shared vs dedicated": agreement(shared, dedicated, thresholds),
+             "shared vs HF fp32": agreement(shared, fp32, thresholds),
+             "dedicated vs HF fp32": agreement(dedicated, fp32, thresholds),
+             "HF bf16 vs HF fp32": agreement(bf16, fp32, thresholds)}
+    vs_dedicated, vs_fp32, scale = pairs["shared vs dedicated"], pairs["shared vs HF fp32"], pairs["HF bf16 vs HF fp32"]
+    one_class = len(vs_dedicated.mix_a) < 2
+    trained = (Path(config.adapter) / "training.json").exists()  # written by gatehead's gate training
+    dp_only = one_class or not trained
+    passed = vs_dedicated.max_dp <= 0.02 and (dp_only or (vs_dedicated.flips == 0 and vs_fp32.flips <= scale.flips))
+    rows = [[name, a.n, a.flips, a.max_dp, a.mean_dp, _mix(a.mix_a), _mix(a.mix_b)] for name, a in pairs.items()]
+    plot = scatter(out / "agreement.png", dedicated.reshape(-1).tolist(), shared.reshape(-1).tolist(),
+                   "dedicated engine p", "shared engine p", "Gate probabilities, every class")
+    report = (f"{m} gate requests in {config.dtype}, mixed with {len(generations)} generations in the same batches; "
+              f"thresholds {thresholds.to_dict()}; model `{config.model}`, adapter `{config.adapter}`.\n\n"
+              + table(["pair", "n", "flips", "max abs dp", "mean abs dp", "decisions (first)",
+                       "decisions (second)"], rows)
+              + ("\nEvery shared decision is in one class: flips mean nothing, judged on |dp| alone.\n"
+                 if one_class else "")
+              + ("\nThe adapter has no training record (a random adapter): its probabilities sit near the "
+                 "thresholds, so flips mean nothing; judged on |dp| alone.\n" if not trained else ""))
+    summary = {name: {"flips": a.flips, "max_dp": round(a.max_dp, 6)} for name, a in pairs.items()}
+    return Outcome(passed, {"m": m, "pairs": {name: asdict(a) for name, a in pairs.items()},
+                            "one_class": one_class, "trained_adapter": trained, "judged_on_dp_only": dp_only},
+                   report, [plot], summary)
+
+
+def _mix(mix: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(mix.items()))

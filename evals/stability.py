@@ -89,3 +89,99 @@ async def check_stability(stock: SharedEngine, shared: SharedEngine, prompts: Se
     second = await generation_pass(stock, prompts, max_tokens, gate_prompts)
     shared_pass = await generation_pass(shared, prompts, max_tokens, gate_prompts)
     return StabilityResult(compare(first, second), compare(first, shared_pass))
+
+
+def build_prompts(model_dir, adapter_dir, n: int, seed: int, kind: str, max_context: int) -> list[tuple[int, ...]]:
+    """`n` deterministic synthetic prompts of `kind` ("answer" or "gate"), laid out as the engine lays them."""
+    from transformers import AutoTokenizer
+
+    from gatehead.evals.workload import synthetic_requests
+    from gatehead.gate.adapter import load_gate_adapter
+    from gatehead.gate.prompt import PromptBuilder, PromptConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    adapter = load_gate_adapter(adapter_dir, model_dir)
+    builder = PromptBuilder(tokenizer, adapter.spec.suffix, PromptConfig(max_context=max_context))
+    return [tuple(getattr(builder.build(r.question, r.passages, r.conversation), kind))
+            for r in synthetic_requests(n, seed)]
+
+
+VARIANTS = ("plain", "mixed", "tap-only", "no-tap")
+DIAGNOSTICS = {"tap-only": {"branch": False}, "no-tap": {"tap": "off"}}
+
+
+def run_stability(config, n: int = 64, max_tokens: int = 128, variants: Sequence[str] = VARIANTS, out=None):
+    """The stability eval (`gatehead eval stability`): every variant, judged by the rule; an `Outcome`."""
+    from dataclasses import asdict, replace
+
+    from tqdm import tqdm
+
+    from gatehead.evals.plots import paired_bars
+    from gatehead.evals.run import Outcome, table
+
+    unknown = set(variants) - set(VARIANTS)
+    if unknown or not variants:
+        raise ValueError(f"unknown stability variants {sorted(unknown)}; choose from {list(VARIANTS)}")
+    if config.dtype != "bfloat16":
+        raise ValueError("the stability rule is judged in bf16")
+    window = config.max_model_len or 2048
+    answers = build_prompts(config.model, config.adapter, n, 1, "answer", window)
+    gates = build_prompts(config.model, config.adapter, n, 2, "gate", window)
+    workloads = {"plain": (), "mixed": gates}
+    needed = sorted({"mixed" if v == "mixed" else "plain" for v in variants})
+    progress = tqdm(total=2 * len(needed) + len(variants), desc="stability passes", unit="pass")
+    loop = asyncio.new_event_loop()  # one loop for every pass: an engine binds to the loop it first runs in
+
+    def passes(engine, names):
+        out = {}
+        for workload in names:
+            out[workload] = loop.run_until_complete(generation_pass(engine, answers, max_tokens, workloads[workload]))
+            progress.update()
+        return out
+
+    stock = SharedEngine(replace(config, adapter=None))
+    try:
+        first, second = passes(stock, needed), passes(stock, needed)
+    finally:
+        stock.shutdown()
+    measured = {}
+    engine_variants = [("shared", {}, [v for v in ("plain", "mixed") if v in variants])]
+    engine_variants += [(v, DIAGNOSTICS[v], [v]) for v in ("tap-only", "no-tap") if v in variants]
+    for _, overrides, names in engine_variants:
+        engine = SharedEngine(replace(config, **overrides))
+        try:
+            for name in names:
+                workload = "mixed" if name == "mixed" else "plain"
+                measured[name] = loop.run_until_complete(generation_pass(engine, answers, max_tokens,
+                                                                         workloads[workload]))
+                progress.update()
+        finally:
+            engine.shutdown()
+    loop.close()
+    progress.close()
+    rows, results = [], {}
+    for name in variants:
+        workload = "mixed" if name == "mixed" else "plain"
+        result = StabilityResult(compare(first[workload], second[workload]), compare(first[workload], measured[name]))
+        results[name] = {"passed": result.passed, "stock_vs_stock": asdict(result.stock_vs_stock),
+                         "shared_vs_stock": asdict(result.shared_vs_stock), "judged": name in ("plain", "mixed")}
+        s, m = result.stock_vs_stock, result.shared_vs_stock
+        rows.append([name, "yes" if name in ("plain", "mixed") else "diagnostic", s.differing, m.differing,
+                     ", ".join(map(str, m.first_positions[:8])) or "-", s.max_abs_dlogprob, m.max_abs_dlogprob,
+                     "pass" if result.passed else "FAIL"])
+    judged = [results[v]["passed"] for v in variants if results[v]["judged"]]
+    passed = bool(judged) and all(judged)
+    plot = paired_bars(out / "stability.png", list(variants),
+                       [results[v]["stock_vs_stock"]["differing"] for v in variants],
+                       [results[v]["shared_vs_stock"]["differing"] for v in variants],
+                       "stock vs stock (repeat baseline)", "shared vs stock", f"requests differing (of {n})",
+                       "Answer stability")
+    report = (f"{n} greedy requests, max_tokens {max_tokens}, ignore_eos, {config.dtype}, "
+              f"{'eager' if config.enforce_eager else 'compile'} mode; model `{config.model}`.\n\n"
+              + table(["variant", "judged", "stock-vs-stock differing", "shared-vs-stock differing",
+                       "first differing positions", "stock max abs dlogprob", "shared max abs dlogprob",
+                       "verdict"], rows))
+    summary = {v: {"stock": results[v]["stock_vs_stock"]["differing"],
+                   "shared": results[v]["shared_vs_stock"]["differing"], "passed": results[v]["passed"]}
+               for v in variants}
+    return Outcome(passed, {"n": n, "max_tokens": max_tokens, "variants": results}, report, [plot], summary)

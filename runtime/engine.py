@@ -47,7 +47,11 @@ class EngineConfig:
     block_size: int | None = None
     max_gate_tokens: int | None = None  # default: max_model_len
     seed: int = 0
-    tap: Literal["copy", "perturbed"] = "copy"  # "perturbed": negative control for the stability check
+    # Diagnostics that separate causes in the stability check: "perturbed" is its negative control
+    # (the tap writes its rounding back); "off" loads the gated model without the tap, and
+    # branch=False keeps the tap but never runs the branch. Gate requests fail in both.
+    tap: Literal["copy", "perturbed", "off"] = "copy"
+    branch: bool = True
     extra: dict[str, Any] = field(default_factory=dict)  # more vLLM engine arguments
 
 
@@ -107,6 +111,7 @@ class SharedEngine:
                 "gatehead_action_ids": list(self.action_ids),
                 "gatehead_max_gate_tokens": self.max_gate_tokens,
                 "gatehead_tap": config.tap,
+                "gatehead_branch": config.branch,
             }
         # Ids that only gatehead may place: the suffix's reserved token and the action tokens.
         self.gate_reserved = frozenset(self.action_ids) | frozenset(self.suffix_ids[-1:])

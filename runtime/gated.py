@@ -146,8 +146,10 @@ class GateState(nn.Module):
                              persistent=False)
         self.head_order = [adapter.spec.labels.index(label) for label in LABELS]  # head row per canonical label
         self.branch = GateBranch(list(layers[adapter.branch_layer:]), model.model.norm, adapter, dtype, device)
-        tap_norm(layers[adapter.branch_layer].input_layernorm, self.tap_buffer,
-                 perturbed=getattr(hf, "gatehead_tap", "copy") == "perturbed")
+        tap = getattr(hf, "gatehead_tap", "copy")
+        if tap != "off":  # "off" and branch=False: the stability check's diagnostic modes
+            tap_norm(layers[adapter.branch_layer].input_layernorm, self.tap_buffer, perturbed=tap == "perturbed")
+        self.branch_enabled = bool(getattr(hf, "gatehead_branch", True))
         self.rows = RowKeeper(tuple(hf.gatehead_suffix_ids), int(hf.gatehead_max_gate_tokens))
         self.results: dict[int, torch.Tensor] = {}
         self.timing = BranchTiming()
@@ -157,6 +159,9 @@ class GateState(nn.Module):
 
     def after_forward(self) -> None:
         """Keep this step's tapped gate rows; run the branch for prompts now complete."""
+        if not self.branch_enabled:
+            self.rows.plan = []
+            return
         started, ran = time.perf_counter(), 0
         for batch_row, rows in self.rows.collect(self.tap_buffer):
             if rows is None:

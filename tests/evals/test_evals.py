@@ -1,0 +1,188 @@
+"""`gatehead eval`: the ledger, the metrics, the SQuAD converter, and every eval end to end.
+
+The end-to-end runs use real vLLM engines on the tiny model (small N, a few minutes in all) and the
+demo model's test split; each writes result.json, report.md and PNG plots and appends its verdict to
+the ledger, and the exit code says whether the rule passed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gatehead.evals.dataset import (
+    exact_match,
+    load_questions,
+    normalize_answer,
+    risk_coverage,
+    token_f1,
+)
+from gatehead.evals.run import Outcome, read_ledger, run_eval
+from gatehead.evals.squad import convert_squad
+from gatehead.runtime.tiny import TinyModel
+
+GATEHEAD = str(Path(sys.executable).parent / "gatehead")
+ENGINE = ["--max-model-len", "1024", "--block-size", "32", "--kv-mb", "128"]
+
+
+def test_the_ledger_keeps_every_verdict_and_never_rewrites(tmp_path: Path) -> None:
+    ledger = tmp_path / "ledger.jsonl"
+    fail = run_eval("demo-rule", {"n": 1}, lambda out: Outcome(False, {"x": 1}, "failed", summary={"x": 1}),
+                    tmp_path / "a", ledger)
+    before = ledger.read_bytes()
+    ok = run_eval("demo-rule", {"n": 1}, lambda out: Outcome(True, {"x": 2}, "passed"), tmp_path / "b", ledger)
+    assert (fail, ok) == (1, 0)
+    assert ledger.read_bytes().startswith(before)  # appended, the failure untouched
+
+    def broken(out: Path) -> Outcome:
+        raise RuntimeError("engine died")
+
+    with pytest.raises(RuntimeError):
+        run_eval("demo-rule", {}, broken, tmp_path / "c", ledger)
+    assert [e["verdict"] for e in read_ledger(ledger)] == ["fail", "pass", "error"]
+    assert "engine died" in (tmp_path / "c" / "error.txt").read_text()
+    result = json.loads((tmp_path / "a" / "result.json").read_text())
+    assert result["verdict"] == "fail" and result["x"] == 1 and "FAIL" in (tmp_path / "a" / "report.md").read_text()
+
+
+def test_answer_scoring_and_selective_answering_metrics() -> None:
+    assert normalize_answer("The €354 [1].") == "€354"
+    assert exact_match("€354 [1]", ["€ 354", "€354"]) == 1.0 and exact_match("€204", ["€354"]) == 0.0
+    assert math.isclose(token_f1("4 years warranty", ["4 years"]), 0.8)
+    # Most confident first: answerable, not, answerable -> risks 0, 1/2, 1/3.
+    coverage, risk, aurc = risk_coverage([0.9, 0.8, 0.1], [True, False, True])
+    assert coverage == pytest.approx([1 / 3, 2 / 3, 1.0]) and risk == pytest.approx([0, 0.5, 1 / 3])
+    assert aurc == pytest.approx((0 + 0.5 + 1 / 3) / 3)
+
+
+def test_question_files_are_checked_line_by_line(tmp_path: Path) -> None:
+    good = tmp_path / "q.jsonl"
+    good.write_text('{"question": "a?", "answerable": false}\n\n{"question": "b?", "label": "search", '
+                    '"answer": "x", "documents": ["doc", {"text": "d2", "title": "T"}]}\n')
+    first, second = load_questions(good)
+    assert (first.label, second.label, second.answers, second.documents[1].title) == ("refuse", "search", ("x",), "T")
+    for text, message in (('{"question": "a?", "label": "maybe"}', "label must be one of"),
+                          ('{"question": "a?"}', "answerable"), ('{"question": ""}', "non-empty"),
+                          ("not json", "not valid JSON"), ('{"question": "a?", "label": "answer", "documents": '
+                                                           '[{"title": "no text"}]}', "'text'")):
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text(text + "\n")
+        with pytest.raises(ValueError, match=message):
+            load_questions(bad)
+
+
+SQUAD = {"version": "v2.0", "data": [{"title": "Lanterns", "paragraphs": [
+    {"context": "The Rowan Lantern costs 354 euros and has a warranty of 4 years.",
+     "qas": [{"id": "q1", "question": "How much does the Rowan Lantern cost?", "is_impossible": False,
+              "answers": [{"text": "354 euros", "answer_start": 24}, {"text": "354 euros", "answer_start": 24}]},
+             {"id": "q2", "question": "Who designed the Rowan Lantern?", "is_impossible": True, "answers": []}]},
+    {"context": "The Vale Lantern weighs 550 grams and is glacier blue.",
+     "qas": [{"id": "q3", "question": "What colour is the Vale Lantern?", "is_impossible": False,
+              "answers": [{"text": "glacier blue", "answer_start": 39}]},
+             {"id": "q4", "question": "How bright is the Vale Lantern?", "is_impossible": True, "answers": []}]}]}]}
+
+
+def test_squad_converter_writes_a_corpus_and_labelled_questions(tmp_path: Path) -> None:
+    source = tmp_path / "squad.json"
+    source.write_text(json.dumps(SQUAD))
+    corpus, questions = convert_squad(source, tmp_path / "out", fixed_documents=True)
+    docs = [json.loads(line) for line in corpus.read_text().splitlines()]
+    assert [d["id"] for d in docs] == ["Lanterns-0", "Lanterns-1"]
+    parsed = load_questions(questions)
+    assert [q.label for q in parsed] == ["answer", "refuse", "answer", "refuse"]
+    assert parsed[0].answers == ("354 euros",) and parsed[0].documents[0].text.startswith("The Rowan Lantern")
+    (tmp_path / "broken.json").write_text("{}")
+    with pytest.raises(ValueError, match="SQuAD"):
+        convert_squad(tmp_path / "broken.json", tmp_path / "x")
+
+
+def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([GATEHEAD, "eval", *args], capture_output=True, text=True, cwd=cwd, timeout=1200)
+
+
+def check_outputs(result: subprocess.CompletedProcess, out: Path, ledger: Path, name: str, plots: list[str]) -> dict:
+    """The run's files and ledger line agree with its exit code; returns result.json."""
+    assert result.returncode in (0, 1), result.stderr[-3000:]
+    report = json.loads((out / "result.json").read_text())
+    assert report["verdict"] == ("pass" if result.returncode == 0 else "fail")
+    assert report["eval"] == name and (out / "report.md").read_text().startswith(f"# gatehead eval {name}")
+    for plot in plots:
+        assert (out / plot).read_bytes()[:4] == b"\x89PNG"
+    entry = read_ledger(ledger)[-1]
+    assert entry["eval"] == name and entry["verdict"] == report["verdict"] and entry["out"] == str(out)
+    return report
+
+
+def tiny_args(tiny: TinyModel) -> list[str]:
+    return ["--model", str(tiny.model_dir), "--adapter", str(tiny.adapter_dir), *ENGINE]
+
+
+def test_eval_stability_on_the_tiny_model(tiny: TinyModel, tmp_path: Path) -> None:
+    result = run("stability", *tiny_args(tiny), "-n", "6", "--max-tokens", "24", "--out", str(tmp_path / "s"),
+                 "--ledger", str(tmp_path / "ledger.jsonl"), cwd=tmp_path)
+    report = check_outputs(result, tmp_path / "s", tmp_path / "ledger.jsonl", "stability", ["stability.png"])
+    assert result.returncode == 0, report  # the shared engine is bit-stable on the tiny model (tests/runtime)
+    assert set(report["variants"]) == {"plain", "mixed", "tap-only", "no-tap"}
+    assert report["variants"]["mixed"]["shared_vs_stock"]["requests"] == 6
+    assert "stability passes" in result.stderr  # the progress bar
+
+
+def test_eval_agreement_on_the_tiny_model(tiny: TinyModel, tmp_path: Path) -> None:
+    result = run("agreement", *tiny_args(tiny), "-m", "24", "--out", str(tmp_path / "a"),
+                 "--ledger", str(tmp_path / "ledger.jsonl"), cwd=tmp_path)
+    report = check_outputs(result, tmp_path / "a", tmp_path / "ledger.jsonl", "agreement", ["agreement.png"])
+    pairs = report["pairs"]
+    assert set(pairs) == {"shared vs dedicated", "shared vs HF fp32", "dedicated vs HF fp32", "HF bf16 vs HF fp32"}
+    assert all(p["n"] == 24 for p in pairs.values())
+    assert not report["trained_adapter"] and report["judged_on_dp_only"]  # a random adapter: |dp| alone
+    assert (result.returncode == 0) == (pairs["shared vs dedicated"]["max_dp"] <= 0.02)
+
+
+def test_eval_kv_on_the_tiny_model(tiny: TinyModel, tmp_path: Path) -> None:
+    result = run("kv", "--model", str(tiny.model_dir), "--adapter", str(tiny.adapter_dir), "--max-model-len", "1024",
+                 "--block-size", "32", "--out", str(tmp_path / "k"), "--ledger", str(tmp_path / "ledger.jsonl"),
+                 cwd=tmp_path)
+    report = check_outputs(result, tmp_path / "k", tmp_path / "ledger.jsonl", "kv", ["kv.png"])
+    stock, shared = report["capacity"]["stock"], report["capacity"]["shared"]
+    assert stock["tokens"] > 0 and report["kv_ratio"] == pytest.approx(shared["tokens"] / stock["tokens"])
+    assert (result.returncode == 0) == (report["kv_ratio"] >= 0.99)
+    assert set(report["plugin_bytes"]) == {"lora_and_head", "tap_buffer", "retained_rows_bound"}
+    weights = report["weights_bytes"]
+    assert weights["two_engines"] - weights["one_engine"] > 0.5 * weights["base"]  # a second copy of the layers
+
+
+def test_eval_dataset_runs_the_agent_resumes_and_reads_squad(tiny: TinyModel, tmp_path: Path) -> None:
+    source = tmp_path / "squad.json"
+    source.write_text(json.dumps(SQUAD))
+    corpus, questions = convert_squad(source, tmp_path / "data")
+    out, ledger = tmp_path / "d", tmp_path / "ledger.jsonl"
+    common = ["dataset", *tiny_args(tiny), "--questions", str(questions), "--corpus", str(corpus), "--out", str(out),
+              "--ledger", str(ledger), "--top-k", "2"]
+    first = run(*common, "--limit", "2", cwd=tmp_path)
+    check_outputs(first, out, ledger, "dataset", ["reliability.png", "risk_coverage.png"])
+    kept = (out / "records.jsonl").read_text().splitlines()
+    assert len(kept) == 2
+    second = run(*common, cwd=tmp_path)  # resumes: the two finished questions are not run again
+    report = check_outputs(second, out, ledger, "dataset", ["reliability.png", "risk_coverage.png"])
+    records = (out / "records.jsonl").read_text().splitlines()
+    assert len(records) == 4 and records[:2] == kept
+    assert report["decided"] == 4 and not report["errors"]
+    assert sum(sum(row) for row in report["classes"]["confusion"]) == 4
+    assert set(report["injection_flip_rates"]) and 0 <= report["injection_flip_rate"] <= 1
+    assert report["latency"]["end_to_end_ms"]["p50"] > 0 and np.isfinite(report["aurc"])
+    assert all(json.loads(r)["sources"] for r in records)  # retrieved from the ingested corpus
+
+
+def test_eval_dataset_on_the_demo_test_split(tmp_path: Path) -> None:
+    out, ledger = tmp_path / "demo", tmp_path / "ledger.jsonl"
+    result = run("dataset", "--demo", "--gate-only", "--limit", "24", "--max-model-len", "2048", "--block-size", "32",
+                 "--out", str(out), "--ledger", str(ledger), cwd=tmp_path)
+    report = check_outputs(result, out, ledger, "dataset", ["reliability.png", "risk_coverage.png"])
+    assert report["decided"] == 24 and report["accuracy"] >= 0.75  # the demo gate: 91.6% on the full split
+    assert report["injection_flip_rate"] <= 0.05 and result.returncode == 0
