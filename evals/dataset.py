@@ -53,15 +53,10 @@ class Question:
 
 def load_questions(path: str | Path) -> list[Question]:
     """Parse and check the questions file; a bad line is an error naming the line and the fix."""
+    from gatehead.gate.data import jsonl_records, parse_passage
+
     questions = []
-    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
+    for where, row in jsonl_records(path):
         if not isinstance(row, dict) or not isinstance(row.get("question"), str) or not row["question"].strip():
             raise ValueError(f"{where}: expected an object with a non-empty 'question' string")
         if "label" in row:
@@ -77,16 +72,9 @@ def load_questions(path: str | Path) -> list[Question]:
             raise ValueError(f"{where}: 'answers' must be a list of strings")
         documents = None
         if "documents" in row:
-            docs = row["documents"]
-            if not isinstance(docs, list):
+            if not isinstance(row["documents"], list):
                 raise ValueError(f"{where}: 'documents' must be a list")
-            try:
-                documents = tuple(Passage(text=d) if isinstance(d, str) else
-                                  Passage(text=d["text"], title=str(d.get("title", "")),
-                                          source=str(d.get("source", "")), score=float(d.get("score", 0.0)))
-                                  for d in docs)
-            except (KeyError, TypeError, ValueError):
-                raise ValueError(f"{where}: each document is a string or an object with 'text'") from None
+            documents = tuple(parse_passage(d, where) for d in row["documents"])
         questions.append(Question(len(questions), row["question"], label, tuple(answers), documents))
     if not questions:
         raise ValueError(f"{path}: no questions")

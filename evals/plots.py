@@ -34,26 +34,25 @@ def paired_bars(path: Path, groups: Sequence[str], baseline: Sequence[float], me
 
 
 def scatter(path: Path, x: Sequence[float], y: Sequence[float], xlabel: str, ylabel: str, title: str) -> str:
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(4, 4))
-    ax.plot([0, 1], [0, 1], color="#9aa0a6", linewidth=1)
-    ax.scatter(x, y, s=8, color="#0b5cad")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return str(path)
+    """Points against the y = x diagonal."""
+    return _xy(path, x, y, xlabel, ylabel, title, diagonal=True, points=True)
 
 
 def curve(path: Path, x: Sequence[float], y: Sequence[float], xlabel: str, ylabel: str, title: str,
           diagonal: bool = False) -> str:
+    return _xy(path, x, y, xlabel, ylabel, title, diagonal=diagonal, points=False)
+
+
+def _xy(path: Path, x: Sequence[float], y: Sequence[float], xlabel: str, ylabel: str, title: str, diagonal: bool,
+        points: bool) -> str:
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(4.5, 3.6))
+    fig, ax = plt.subplots(figsize=(4, 4) if points else (4.5, 3.6))
     if diagonal:
         ax.plot([0, 1], [0, 1], color="#9aa0a6", linewidth=1)
-    ax.plot(x, y, marker="o", markersize=3, color="#0b5cad")
+    if points:
+        ax.scatter(x, y, s=8, color="#0b5cad")
+    else:
+        ax.plot(x, y, marker="o", markersize=3, color="#0b5cad")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)

@@ -10,7 +10,7 @@ passage an `answer` label rests on would teach the gate the wrong thing.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,8 @@ class Example:
     where: str = ""  # file:line it came from, for errors
 
 
-def _passage(doc: Any, where: str) -> Passage:
+def parse_passage(doc: Any, where: str) -> Passage:
+    """A document of a JSONL record: a string or {"text", "title"?, "source"?, "score"?}."""
     if isinstance(doc, str):
         return Passage(text=doc)
     if isinstance(doc, dict) and isinstance(doc.get("text"), str):
@@ -59,23 +60,26 @@ def parse_example(data: Any, where: str) -> Example:
 
     if not isinstance(turns, list) or not all(valid(t) for t in turns):
         raise ValueError(f"{where}: 'conversation' is a list of {{'role': 'user'|'assistant', 'content': str}}")
-    return Example(data["question"], tuple(_passage(d, where) for d in data["documents"]), data["label"],
+    return Example(data["question"], tuple(parse_passage(d, where) for d in data["documents"]), data["label"],
                    tuple(Turn(t["role"], t["content"]) for t in turns), where)
 
 
-def read_examples(path: str | Path) -> list[Example]:
-    """All examples of a JSONL file; the first bad line raises with its number."""
-    examples = []
+def jsonl_records(path: str | Path) -> Iterator[tuple[str, Any]]:
+    """(where, decoded object) per non-empty line; a line that is not JSON raises with its number."""
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
             where = f"{path}:{number}"
             try:
-                data = json.loads(line)
+                yield where, json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{where}: not valid JSON ({e.msg})") from e
-            examples.append(parse_example(data, where))
+
+
+def read_examples(path: str | Path) -> list[Example]:
+    """All examples of a JSONL file; the first bad line raises with its number."""
+    examples = [parse_example(data, where) for where, data in jsonl_records(path)]
     if not examples:
         raise ValueError(f"{path}: no examples")
     return examples
