@@ -128,7 +128,7 @@ def run_eval(name: str, settings: dict[str, Any], body: Callable[[Path], Outcome
 def table(headers: list[str], rows: list[list[Any]]) -> str:
     """A Markdown table; floats to 4 significant digits."""
     def cell(v: Any) -> str:
-        return f"{v:.4g}" if isinstance(v, float) else str(v)
+        return f"{v:.4g}" if isinstance(v, float) else str(v).replace("|", "\\|").replace("\n", " ")
 
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]

@@ -6,7 +6,8 @@ with any differing token, the first differing positions, and max |delta logprob|
 both runs share. Pass iff shared-vs-stock differs in no more requests than stock-vs-stock, and,
 where the stock repeats are bit-identical, the shared engine is bit-identical too.
 Mixed batches: gate requests interleaved with the generations; the stock baseline interleaves
-the same prompts as plain one-token requests that also skip reading the prefix cache.
+the same prompts as gate-shaped requests (one token, the action tokens' logprobs asked for, the
+prefix cache not read) that no branch serves.
 """
 
 from __future__ import annotations
@@ -61,21 +62,26 @@ def compare(a: Sequence[Generation], b: Sequence[Generation]) -> Diff:
     return Diff(len(a), len(firsts), tuple(firsts), max_delta)
 
 
-async def _gate_like(engine: SharedEngine, ids: Sequence[int]) -> None:
-    """On a stock engine: the same request shape as a gate request, without the gate."""
+async def _gate_like(engine: SharedEngine, ids: Sequence[int], action_ids: Sequence[int]) -> None:
+    """On a stock engine: the same request shape as a gate request (the action tokens' logprobs asked
+    for, the prefix cache not read), without the gate."""
     from vllm import SamplingParams
 
-    params = SamplingParams(max_tokens=1, temperature=0.0, skip_reading_prefix_cache=True, detokenize=False)
+    params = SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=list(action_ids),
+                            skip_reading_prefix_cache=True, detokenize=False)
     async for _ in engine.llm.generate({"prompt_token_ids": list(ids)}, params, request_id=f"like-{uuid.uuid4().hex}"):
         pass
 
 
 async def generation_pass(engine: SharedEngine, prompts: Sequence[Sequence[int]], max_tokens: int = 128,
-                          gate_prompts: Sequence[Sequence[int]] = ()) -> list[Generation]:
-    """All `prompts` generated greedily, submitted together, interleaved with `gate_prompts` if any."""
+                          gate_prompts: Sequence[Sequence[int]] = (), action_ids: Sequence[int] = ()
+                          ) -> list[Generation]:
+    """All `prompts` generated greedily, submitted together, interleaved with `gate_prompts` if any
+    (on a stock engine, as gate-shaped requests asking for `action_ids`' logprobs)."""
     await engine.reset_prefix_cache()
     generations = [engine.generate(p, max_tokens=max_tokens, ignore_eos=True) for p in prompts]
-    gates = [engine.gate_prompt(g) if engine.adapter is not None else _gate_like(engine, g) for g in gate_prompts]
+    gates = [engine.gate_prompt(g) if engine.adapter is not None else _gate_like(engine, g, action_ids)
+             for g in gate_prompts]
     interleaved = [c for pair in zip(generations, gates, strict=False) for c in pair]
     interleaved += generations[len(gates):] + gates[len(generations):]
     results = await asyncio.gather(*interleaved)
@@ -85,8 +91,8 @@ async def generation_pass(engine: SharedEngine, prompts: Sequence[Sequence[int]]
 async def check_stability(stock: SharedEngine, shared: SharedEngine, prompts: Sequence[Sequence[int]],
                           max_tokens: int = 128, gate_prompts: Sequence[Sequence[int]] = ()) -> StabilityResult:
     """Stock twice, then shared, over the same prompts (and the same interleaved gate prompts)."""
-    first = await generation_pass(stock, prompts, max_tokens, gate_prompts)
-    second = await generation_pass(stock, prompts, max_tokens, gate_prompts)
+    first = await generation_pass(stock, prompts, max_tokens, gate_prompts, shared.action_ids)
+    second = await generation_pass(stock, prompts, max_tokens, gate_prompts, shared.action_ids)
     shared_pass = await generation_pass(shared, prompts, max_tokens, gate_prompts)
     return StabilityResult(compare(first, second), compare(first, shared_pass))
 
@@ -104,6 +110,16 @@ def build_prompts(model_dir, adapter_dir, n: int, seed: int, kind: str, max_cont
     builder = PromptBuilder(tokenizer, adapter.spec.suffix, PromptConfig(max_context=max_context))
     return [tuple(getattr(builder.build(r.question, r.passages, r.conversation), kind))
             for r in synthetic_requests(n, seed)]
+
+
+def _action_ids(model_dir, adapter_dir) -> list[int]:
+    from transformers import AutoTokenizer
+
+    from gatehead.gate.adapter import load_gate_adapter
+    from gatehead.gate.prompt import reserved_token_id
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return [reserved_token_id(tokenizer, t) for t in load_gate_adapter(adapter_dir, model_dir).spec.action_tokens]
 
 
 VARIANTS = ("plain", "mixed", "tap-only", "no-tap")
@@ -126,6 +142,7 @@ def run_stability(config, n: int = 64, max_tokens: int = 128, variants: Sequence
         raise ValueError("the stability rule is judged in bf16")
     window = config.max_model_len or 2048
     answers = build_prompts(config.model, config.adapter, n, 1, "answer", window)
+    action_ids = _action_ids(config.model, config.adapter)
     gates = build_prompts(config.model, config.adapter, n, 2, "gate", window)
     workloads = {"plain": (), "mixed": gates}
     needed = sorted({"mixed" if v == "mixed" else "plain" for v in variants})
@@ -135,7 +152,8 @@ def run_stability(config, n: int = 64, max_tokens: int = 128, variants: Sequence
     def passes(engine, names):
         out = {}
         for workload in names:
-            out[workload] = loop.run_until_complete(generation_pass(engine, answers, max_tokens, workloads[workload]))
+            out[workload] = loop.run_until_complete(generation_pass(engine, answers, max_tokens, workloads[workload],
+                                                                    action_ids))
             progress.update()
         return out
 
