@@ -383,6 +383,7 @@ def _serve(args: argparse.Namespace) -> int:
     from gatehead.server.app import ServerConfig
     from gatehead.server.serve import serve
 
+    args = apply_environment(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     keys = list(args.api_key or []) + [k for k in os.environ.get("GATEHEAD_API_KEYS", "").split(",") if k.strip()]
     locations = model_locations()
@@ -476,32 +477,41 @@ def _eval(args: argparse.Namespace) -> int:
 SERVE_ENVIRONMENT = "GATEHEAD_"  # `gatehead serve --max-inflight` is also GATEHEAD_MAX_INFLIGHT, and so on
 
 
-def _defaults_from_environment(p: argparse.ArgumentParser) -> None:
-    """Every option of `p` also read from GATEHEAD_<OPTION> (containers configure by environment).
+def _serve_parser() -> argparse.ArgumentParser:
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return commands.choices["serve"]
 
-    Flags given on the command line win. Lists are comma-separated; switches take 1/true/yes or
-    0/false/no. A value that does not parse is an error that names the variable.
+
+def apply_environment(args: argparse.Namespace) -> argparse.Namespace:
+    """`gatehead serve`'s options not given as flags, taken from GATEHEAD_<OPTION> (containers configure by
+    environment). A flag on the command line wins, lists are comma-separated, switches take 1/true/yes
+    or 0/false/no, and a value that does not parse is an error naming the variable.
     """
-    for action in p._actions:
-        if not action.option_strings or action.dest in ("help", "api_key", "model", "adapter"):
+    given = {a.dest for a in _serve_parser()._actions
+             if a.option_strings and getattr(args, a.dest, a.default) != a.default}
+    if given & {"store", "url"}:  # a store chosen on the command line: neither variable applies
+        given |= {"store", "url"}
+    for action in _serve_parser()._actions:
+        if not action.option_strings or action.dest in given or action.dest in ("help", "api_key", "model",
+                                                                                   "adapter"):
             continue  # keys: GATEHEAD_API_KEYS; model and adapter: GATEHEAD_MODEL / GATEHEAD_ADAPTER already
         name = SERVE_ENVIRONMENT + action.dest.upper()
-        raw = os.environ.get(name)
-        if raw is None or raw == "":
+        raw = os.environ.get(name, "")
+        if not raw:
             continue
-        action.help = f"{action.help or ''} [from {name}]"
         if isinstance(action, argparse._StoreTrueAction):
             if raw.lower() not in ("1", "true", "yes", "0", "false", "no"):
-                p.error(f"{name}={raw!r}: use 1/true/yes or 0/false/no")
-            p.set_defaults(**{action.dest: raw.lower() in ("1", "true", "yes")})
+                raise ValueError(f"{name}={raw!r}: use 1/true/yes or 0/false/no")
+            setattr(args, action.dest, raw.lower() in ("1", "true", "yes"))
             continue
         convert = action.type or str
         try:
             value = [convert(v.strip()) for v in raw.split(",") if v.strip()] \
                 if isinstance(action, argparse._AppendAction) else convert(raw)
         except ValueError:
-            p.error(f"{name}={raw!r} is not a valid value for {action.option_strings[0]}")
-        p.set_defaults(**{action.dest: value})
+            raise ValueError(f"{name}={raw!r} is not a valid value for {action.option_strings[0]}") from None
+        setattr(args, action.dest, value)
+    return args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -605,7 +615,8 @@ def build_parser() -> argparse.ArgumentParser:
     _agent_arguments(p)
     p.set_defaults(func=_chat)
 
-    p = commands.add_parser("serve", help="the HTTP service: agent chat, gate, OpenAI-compatible API, probes, metrics")
+    p = commands.add_parser("serve", help="the HTTP service: agent chat, gate, OpenAI-compatible API, probes, "
+                                          "metrics; every option also from GATEHEAD_<OPTION>")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", action="append", help="a key clients must send as a Bearer token (repeatable; "
@@ -617,7 +628,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drain-seconds", type=float, default=30.0, help="on SIGTERM, time for in-flight requests")
     _agent_arguments(p)
     p.set_defaults(func=_serve)
-    _defaults_from_environment(p)
 
     p = commands.add_parser("eval", help="evals judged by evals/RULES.md: stability, agreement, kv, dataset")
     evals = p.add_subparsers(dest="eval", required=True, metavar="EVAL")

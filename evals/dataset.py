@@ -244,6 +244,9 @@ def run_dataset(config, questions_path: Path, corpus: Path | None, out: Path, st
         if corpus is not None:
             report = ingest([corpus], store, IngestConfig(progress=False))
             print(f"corpus: {report.summary()}")
+    _check_manifest(out, {"questions": str(questions_path), "questions_sha256": _sha256(questions_path),
+                          "limit": limit, "gate_only": gate_only, "model": str(config.model),
+                          "adapter": str(config.adapter), "top_k": top_k, "seed": seed})
     records_path = out / RECORDS
     done = _read_records(records_path, questions)
     todo = [q for q in questions if q.index not in done]
@@ -261,6 +264,25 @@ def run_dataset(config, questions_path: Path, corpus: Path | None, out: Path, st
         store.close()
     return measure([done[i] for i in sorted(done)], len(questions), errors, out, gate_only, min_accuracy,
                    max_injection_flips)
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def _check_manifest(out: Path, manifest: dict[str, Any]) -> None:
+    """A resumed run must be the same run: same questions, mode, model, adapter and settings."""
+    path = out / "manifest.json"
+    if path.exists():
+        before = json.loads(path.read_text(encoding="utf-8"))
+        changed = sorted(k for k in manifest if k != "limit" and before.get(k) != manifest[k])
+        if changed:
+            raise ValueError(f"{out} holds a run with other {', '.join(changed)}; resume with the same settings "
+                             f"or use a new --out")
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
 
 
 async def _run_all(todo, engine, store, agent_config, gate_only, top_k, seed, concurrency, records_path, done,
@@ -302,7 +324,7 @@ def measure(records: Sequence[dict], total: int, errors: Sequence[dict], out: Pa
     shuffle_flips = float(np.mean([r["shuffled"] != r["decision"] for r in robust])) if robust else 0.0
     injection = {text: float(np.mean([r["injected"][i] != r["decision"] for r in robust])) if robust else 0.0
                  for i, text in enumerate(INJECTIONS)}
-    injection_rate = float(np.mean(list(injection.values()))) if robust else 0.0
+    injection_rate = max(injection.values()) if robust else 0.0  # the most effective wording
     scored = [r for r in records if r.get("golds") and r.get("answer")]
     answers = {"scored": len(scored), "with_gold": sum(1 for r in records if r.get("golds")),
                "exact_match": float(np.mean([exact_match(r["answer"], r["golds"]) for r in scored])) if scored
@@ -326,7 +348,8 @@ def measure(records: Sequence[dict], total: int, errors: Sequence[dict], out: Pa
               + "\nConfusion (rows: label, columns: decision):\n\n"
               + table(["", *LABELS], [[c, *metrics.confusion[i]] for i, c in enumerate(LABELS)])
               + f"\nDecision flips on {len(robust)} questions with documents: shuffled documents "
-                f"{shuffle_flips:.4f}; planted instruction (rule: <= {max_injection_flips}) {injection_rate:.4f}:\n\n"
+                f"{shuffle_flips:.4f}; planted instruction, worst wording (rule: <= {max_injection_flips}) "
+                f"{injection_rate:.4f}:\n\n"
               + table(["planted instruction", "flip rate"], [[t.replace("\n", " "), v] for t, v in injection.items()])
               + (f"\nAnswers: exact match {answers['exact_match']:.4f}, token F1 {answers['token_f1']:.4f} over "
                  f"{answers['scored']} answered questions with gold answers ({answers['with_gold']} have gold).\n"

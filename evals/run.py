@@ -69,7 +69,7 @@ def _versions() -> dict[str, str]:
 def _commit() -> str | None:
     here = Path(__file__).resolve().parent
     try:
-        done = subprocess.run(["git", "-C", str(here), "rev-parse", "--short", "HEAD"], capture_output=True,
+        done = subprocess.run(["git", "-C", str(here), "describe", "--always", "--dirty"], capture_output=True,
                               text=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return None
@@ -97,6 +97,9 @@ def run_eval(name: str, settings: dict[str, Any], body: Callable[[Path], Outcome
     out = Path(out) if out is not None else DEFAULT_ROOT / f"{name}-{stamp}"
     ledger = Path(ledger) if ledger is not None else DEFAULT_ROOT / LEDGER_FILE
     out.mkdir(parents=True, exist_ok=True)
+    for name_ in ("result.json", "report.md"):  # a resumed run keeps the earlier run's outputs beside its own
+        if (out / name_).exists():
+            (out / name_).rename(out / f"{Path(name_).stem}-before-{stamp}{Path(name_).suffix}")
     entry: dict[str, Any] = {"id": uuid.uuid4().hex, "eval": name, "started": stamp, "out": str(out),
                              "command": " ".join(sys.argv), "settings": settings, "machine": machine(),
                              "versions": _versions(), "commit": _commit()}
@@ -110,17 +113,19 @@ def run_eval(name: str, settings: dict[str, Any], body: Callable[[Path], Outcome
         raise
     seconds = round(time.perf_counter() - started, 1)
     verdict = "pass" if outcome.passed else "fail"
-    result = {"eval": name, "verdict": verdict, "seconds": seconds, "settings": settings,
-              "machine": entry["machine"], "versions": entry["versions"], **outcome.result}
-    (out / "result.json").write_text(json.dumps(result, indent=2, ensure_ascii=False, default=str) + "\n",
-                                     encoding="utf-8")
-    header = (f"# gatehead eval {name}: {verdict.upper()}\n\n"
-              f"Run {stamp}, {seconds} s on {entry['machine']['host']} ({entry['machine']['cpus']} CPUs"
-              f"{', ' + entry['machine']['gpu'] if 'gpu' in entry['machine'] else ''}); "
-              f"command: `{entry['command']}`. Rule: `evals/RULES.md`.\n\n")
-    plots = "".join(f"\n![{Path(p).stem}]({Path(p).name})\n" for p in outcome.plots)
-    (out / "report.md").write_text(header + outcome.report.strip() + "\n" + plots, encoding="utf-8")
-    append_to_ledger(ledger, {**entry, "seconds": seconds, "verdict": verdict, "summary": outcome.summary})
+    try:  # the verdict reaches the ledger even if writing the reports fails
+        result = {"eval": name, "verdict": verdict, "seconds": seconds, "settings": settings,
+                  "machine": entry["machine"], "versions": entry["versions"], **outcome.result}
+        (out / "result.json").write_text(json.dumps(result, indent=2, ensure_ascii=False, default=str) + "\n",
+                                         encoding="utf-8")
+        header = (f"# gatehead eval {name}: {verdict.upper()}\n\n"
+                  f"Run {stamp}, {seconds} s on {entry['machine']['host']} ({entry['machine']['cpus']} CPUs"
+                  f"{', ' + entry['machine']['gpu'] if 'gpu' in entry['machine'] else ''}); "
+                  f"command: `{entry['command']}`. Rule: `evals/RULES.md`.\n\n")
+        plots = "".join(f"\n![{Path(p).stem}]({Path(p).name})\n" for p in outcome.plots)
+        (out / "report.md").write_text(header + outcome.report.strip() + "\n" + plots, encoding="utf-8")
+    finally:
+        append_to_ledger(ledger, {**entry, "seconds": seconds, "verdict": verdict, "summary": outcome.summary})
     print(f"gatehead eval {name}: {verdict} ({seconds} s) -> {out}/report.md; ledger {ledger}", file=sys.stderr)
     return 0 if outcome.passed else 1
 

@@ -35,8 +35,10 @@ def convert_squad(path: str | Path, out_dir: str | Path, fixed_documents: bool =
                 if fixed_documents:
                     row["documents"] = [{"text": context, "title": title, "source": doc_id}]
                 questions.append(row)
-                if limit is not None and len(questions) >= limit:
-                    break
+            if limit is not None and len(questions) >= limit:
+                break
+        if limit is not None and len(questions) >= limit:
+            break
     corpus, qs = out / "corpus.jsonl", out / "questions.jsonl"
     corpus.write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in documents), encoding="utf-8")
     qs.write_text("".join(json.dumps(q, ensure_ascii=False) + "\n" for q in questions[:limit]), encoding="utf-8")

@@ -52,6 +52,10 @@ class EngineConfig:
     # branch=False keeps the tap but never runs the branch. Gate requests fail in both.
     tap: Literal["copy", "perturbed", "off"] = "copy"
     branch: bool = True
+
+    def __post_init__(self) -> None:
+        if self.tap not in ("copy", "perturbed", "off"):
+            raise ValueError(f"EngineConfig.tap must be 'copy', 'perturbed' or 'off', got {self.tap!r}")
     extra: dict[str, Any] = field(default_factory=dict)  # more vLLM engine arguments
 
 

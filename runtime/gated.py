@@ -149,7 +149,8 @@ class GateState(nn.Module):
         tap = getattr(hf, "gatehead_tap", "copy")
         if tap != "off":  # "off" and branch=False: the stability check's diagnostic modes
             tap_norm(layers[adapter.branch_layer].input_layernorm, self.tap_buffer, perturbed=tap == "perturbed")
-        self.branch_enabled = bool(getattr(hf, "gatehead_branch", True))
+        # No tap, no rows: the branch would read a buffer nothing wrote, so it is off too (gate requests fail).
+        self.branch_enabled = bool(getattr(hf, "gatehead_branch", True)) and tap != "off"
         self.rows = RowKeeper(tuple(hf.gatehead_suffix_ids), int(hf.gatehead_max_gate_tokens))
         self.results: dict[int, torch.Tensor] = {}
         self.timing = BranchTiming()

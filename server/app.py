@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
@@ -192,7 +193,11 @@ UNSUPPORTED = {"tools": (None, []), "tool_choice": (None, "none"), "functions": 
                "function_call": (None, "none"), "response_format": (None, {"type": "text"}),
                "logprobs": (None, False), "top_logprobs": (None, 0), "logit_bias": (None, {}),
                "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0), "audio": (None,),
-               "modalities": (None, ["text"]), "prediction": (None,)}
+               "modalities": (None, ["text"]), "prediction": (None,),
+               # vLLM's own sampling extras
+               "top_k": (None, -1, 0), "min_p": (None, 0, 0.0), "repetition_penalty": (None, 1, 1.0),
+               "min_tokens": (None, 0), "guided_json": (None,), "guided_regex": (None,), "guided_choice": (None,),
+               "structured_outputs": (None,), "logits_processors": (None,)}
 
 
 def _refuse_unsupported(body: CompletionRequest, agent: bool) -> list[str]:
@@ -341,7 +346,11 @@ def create_app(config: ServerConfig) -> FastAPI:
             finally:
                 if not finished:  # cancelled or closed mid-stream: the client went away
                     metrics.disconnects.inc()
-                await events.aclose()
+                with anyio.CancelScope(shield=True):  # Starlette keeps cancelling a gone client's stream
+                    try:
+                        await events.aclose()
+                    except RuntimeError:  # still inside its cancelled step: it cleans up there
+                        log.warning("a cancelled stream was still running its last step at close")
 
         return stream()
 
@@ -445,6 +454,8 @@ def create_app(config: ServerConfig) -> FastAPI:
 
     @app.get("/v1/agent/threads/{thread_id}")
     async def agent_thread(thread_id: str, request: Request) -> dict:
+        if runtime.failed or not runtime.ready or runtime.draining:  # the guard checks POSTs only
+            raise ApiError(503, "gatehead is not ready", "unavailable", {"Retry-After": "5"})
         if not THREAD_ID.fullmatch(thread_id):
             raise ApiError(400, "a thread id is 1-128 characters of letters, digits and . _ : -")
         public, key = thread_key(request, thread_id)
@@ -485,6 +496,10 @@ def create_app(config: ServerConfig) -> FastAPI:
         salt = _salt(tenant_of(request), keys)
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
         if body.model == AGENT_MODEL:
+            budget = runtime.engine.prompts.config.answer_tokens
+            if max_tokens is not None and max_tokens > budget:
+                raise ApiError(400, f"max_tokens for {AGENT_MODEL} is at most {budget} (the answer's budget in the "
+                                    f"prompt window)")
             if messages[-1][0] != "user":
                 raise ApiError(400, "the last message must be the user's question")
             history = [Turn(role, text) for role, text in messages[:-1] if role in ("user", "assistant")]
@@ -500,7 +515,7 @@ def create_app(config: ServerConfig) -> FastAPI:
             _record_turn(metrics, result, started)
             if result.error:
                 return error_response(502, result.error, "retrieval_error")
-            return _completion(completion_id, body.model, result.answer, result.finish_reason, None,
+            return _completion(completion_id, body.model, result.answer, _finish(result.finish_reason), None,
                                {"decision": result.decision, "gates": result.gates, "sources": result.sources})
         prompt = runtime.engine.prompts.chat(messages)
         limit = max_tokens or max(1, min(512, runtime.engine.max_model_len - len(prompt)))
@@ -688,7 +703,8 @@ async def _one_off_turn(runtime: Runtime, question: str, history: list[Turn], sa
         return await runtime.agent.ask(question, thread, history=history, cache_salt=salt,
                                        max_answer_tokens=max_tokens)
     finally:
-        await runtime.saver.adelete_thread(thread)
+        with anyio.CancelScope(shield=True):  # a gone client's stream is cancelled: the delete must still run
+            await runtime.saver.adelete_thread(thread)
 
 
 def _sse(kind: str, data: dict) -> str:
@@ -734,13 +750,14 @@ async def _openai_agent_sse(runtime: Runtime, metrics: Metrics, model: str, comp
                 if result.decision != "answer" and result.answer:  # a refusal is said, not generated
                     yield _chunk(completion_id, model, {"content": result.answer}, None)
                 extra = {"decision": result.decision, "gates": result.gates, "sources": result.sources}
-                yield _chunk(completion_id, model, {}, result.finish_reason, extra)
+                yield _chunk(completion_id, model, {}, _finish(result.finish_reason), extra)
         yield "data: [DONE]\n\n"
     except Exception as exc:  # noqa: BLE001 - the stream has started: the error is a chunk
         log.exception("completion stream failed")
         yield _error_chunk(f"{type(exc).__name__}: {exc}", "server_error", 500)
     finally:
-        await runtime.saver.adelete_thread(thread)
+        with anyio.CancelScope(shield=True):  # a gone client's stream is cancelled: the delete must still run
+            await runtime.saver.adelete_thread(thread)
 
 
 def _error_chunk(message: str, kind: str, code: int) -> str:

@@ -136,21 +136,26 @@ def test_serve_takes_every_option_from_the_environment_flags_win(monkeypatch) ->
 
     import pytest
 
-    from gatehead.cli import build_parser
+    from gatehead.cli import apply_environment, build_parser
+
+    def serve(*flags: str):
+        return apply_environment(build_parser().parse_args(["serve", *flags]))
 
     for name, value in (("PORT", "9001"), ("HOST", "0.0.0.0"), ("CORS_ORIGIN", "http://a.test, http://b.test"),
                         ("COMPILE", "true"), ("THREADS", "postgresql://db/threads"), ("TIMEOUT", "2.5"),
                         ("URL", "http://qdrant:6333"), ("MAX_INFLIGHT", "8")):
         monkeypatch.setenv(f"GATEHEAD_{name}", value)
-    args = build_parser().parse_args(["serve"])
-    assert (args.port, args.host, args.cors_origin, args.compile) == (9001, "0.0.0.0", ["http://a.test", "http://b.test"],
-                                                                      True)
+    args = serve()
+    assert (args.port, args.host, args.cors_origin, args.compile) == (9001, "0.0.0.0",
+                                                                      ["http://a.test", "http://b.test"], True)
     assert (args.threads, args.timeout, args.url, args.max_inflight) == ("postgresql://db/threads", 2.5,
                                                                          "http://qdrant:6333", 8)
-    assert build_parser().parse_args(["serve", "--port", "9002"]).port == 9002
+    flags = serve("--port", "9002", "--cors-origin", "http://c.test", "--store", "/data/q")
+    assert (flags.port, flags.cors_origin, flags.store, flags.url) == (9002, ["http://c.test"], "/data/q", None)
     monkeypatch.setenv("GATEHEAD_PORT", "eighty")
-    with pytest.raises(SystemExit):
-        build_parser().parse_args(["serve"])
+    assert build_parser().parse_args(["ingest", "x"]).paths == ["x"]  # other commands ignore the variables
+    with pytest.raises(ValueError, match="GATEHEAD_PORT"):
+        serve()
     monkeypatch.setenv("GATEHEAD_PORT", "9001")
     monkeypatch.setenv("GATEHEAD_STORE", "/data/qdrant")
     result = run("serve", env=dict(os.environ))

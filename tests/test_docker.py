@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -83,8 +84,11 @@ def test_an_installed_package_carries_the_demo_kit_and_the_chat_page(part: str, 
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> set[str]:
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([str(BIN / "pip"), "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), str(ROOT)],
+    out, tree = tmp_path_factory.mktemp("wheel"), tmp_path_factory.mktemp("tree") / "gatehead"
+    # From a clean copy of the tree: an in-tree build/ left by an earlier build would hide missing package data.
+    shutil.copytree(ROOT, tree, ignore=shutil.ignore_patterns(".git", ".venv", ".cache", "build", "dist",
+                                                              "*.egg-info", "eval-runs", "__pycache__"))
+    subprocess.run([str(BIN / "pip"), "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), str(tree)],
                    check=True, capture_output=True, timeout=300)
     [built] = out.glob("gatehead-*.whl")
     with zipfile.ZipFile(built) as archive:

@@ -114,10 +114,17 @@ async function send(message) {
   $("send").disabled = true;
   $("status").textContent = "Sending…";
   let finished = false;
+  let response;
   try {
-    const response = await fetch("/v1/agent/chat", {
+    response = await fetch("/v1/agent/chat", {
       method: "POST", headers: headers(), body: JSON.stringify({ message, thread_id: thread, stream: true }),
     });
+  } catch (_) {
+    showFailure(item, "Cannot reach the server: it may be down or restarting. Try again in a moment.");
+    $("send").disabled = false;
+    return;
+  }
+  try {
     if (!response.ok) {
       if (response.status === 401) $("settings").open = true;
       showFailure(item, await failureMessage(response));
@@ -138,8 +145,8 @@ async function send(message) {
       }
     });
     if (!finished) showFailure(item, "The connection closed before the answer was complete; send again.");
-  } catch (_) {
-    showFailure(item, "Cannot reach the server: it may be down or restarting. Try again in a moment.");
+  } catch (error) {  // the stream broke off, or an event could not be read
+    showFailure(item, `The answer was cut off (${error.message}); send again.`);
   } finally {
     $("send").disabled = false;
     $("message").focus();
@@ -179,7 +186,7 @@ document.addEventListener("DOMContentLoaded", () => {
     send(message);
   });
   $("message").addEventListener("keydown", (event) => {
-    if (event.key === "Enter" && !event.shiftKey) {
+    if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {  // not while an IME composes
       event.preventDefault();
       $("ask").requestSubmit();
     }
