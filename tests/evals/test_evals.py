@@ -127,7 +127,15 @@ def test_eval_stability_on_the_tiny_model(tiny: TinyModel, tmp_path: Path) -> No
     result = run("stability", *tiny_args(tiny), "-n", "6", "--max-tokens", "24", "--out", str(tmp_path / "s"),
                  "--ledger", str(tmp_path / "ledger.jsonl"), cwd=tmp_path)
     report = check_outputs(result, tmp_path / "s", tmp_path / "ledger.jsonl", "stability", ["stability.png"])
-    assert result.returncode == 0, report  # the shared engine is bit-stable on the tiny model (tests/runtime)
+    # The rule itself is asserted on the tiny model in tests/runtime/test_fidelity.py, on warmed engines; here
+    # the CLI's verdict must be the rule applied to the figures it reports (a loaded CI machine can split a
+    # batch submitted together, which moves bf16 logprobs in stock and shared engines alike).
+    for variant in report["variants"].values():
+        stock, shared = variant["stock_vs_stock"], variant["shared_vs_stock"]
+        identical = stock["differing"] == 0 and stock["max_abs_dlogprob"] == 0
+        assert variant["passed"] == (shared["differing"] <= stock["differing"] and (
+            not identical or (shared["differing"] == 0 and shared["max_abs_dlogprob"] == 0))), variant
+    assert (result.returncode == 0) == all(v["passed"] for v in report["variants"].values() if v["judged"])
     assert set(report["variants"]) == {"plain", "mixed", "tap-only", "no-tap"}
     assert report["variants"]["mixed"]["shared_vs_stock"]["requests"] == 6
     assert "stability passes" in result.stderr  # the progress bar
