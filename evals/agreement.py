@@ -73,15 +73,15 @@ def run_agreement(config, m: int = 256, out=None, work_dir=None):
 
     from gatehead.evals.plots import scatter
     from gatehead.evals.run import Outcome, table
-    from gatehead.evals.stability import build_prompts
+    from gatehead.evals.stability import build_prompts, prompt_builder
     from gatehead.gate.adapter import load_gate_adapter
     from gatehead.runtime.dedicated import export_dedicated
     from gatehead.runtime.reference import HFReference
 
     adapter = load_gate_adapter(config.adapter, config.model)
     window = config.max_model_len or 2048
-    gates = build_prompts(config.model, config.adapter, m, 3, "gate", window)
-    generations = build_prompts(config.model, config.adapter, min(m, 64), 4, "answer", window)
+    builder, _ = prompt_builder(config.model, config.adapter, window)
+    gates, generations = build_prompts(builder, m, 3, "gate"), build_prompts(builder, min(m, 64), 4, "answer")
     progress = tqdm(total=4, desc="agreement: gates from each engine", unit="engine")
     engine = SharedEngine(config)
     try:

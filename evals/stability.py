@@ -103,29 +103,25 @@ async def check_stability(stock: SharedEngine, shared: SharedEngine, prompts: Se
     return StabilityResult(compare(first, second), compare(first, shared_pass))
 
 
-def build_prompts(model_dir, adapter_dir, n: int, seed: int, kind: str, max_context: int) -> list[tuple[int, ...]]:
-    """`n` deterministic synthetic prompts of `kind` ("answer" or "gate"), laid out as the engine lays them."""
+def prompt_builder(model_dir, adapter_dir, max_context: int):
+    """(the engine's prompt layout for this model and adapter, the adapter's action token ids)."""
     from transformers import AutoTokenizer
 
-    from gatehead.evals.workload import synthetic_requests
     from gatehead.gate.adapter import load_gate_adapter
-    from gatehead.gate.prompt import PromptBuilder, PromptConfig
+    from gatehead.gate.prompt import PromptBuilder, PromptConfig, reserved_token_id
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    adapter = load_gate_adapter(adapter_dir, model_dir)
-    builder = PromptBuilder(tokenizer, adapter.spec.suffix, PromptConfig(max_context=max_context))
+    spec = load_gate_adapter(adapter_dir, model_dir).spec
+    return (PromptBuilder(tokenizer, spec.suffix, PromptConfig(max_context=max_context)),
+            [reserved_token_id(tokenizer, t) for t in spec.action_tokens])
+
+
+def build_prompts(builder, n: int, seed: int, kind: str) -> list[tuple[int, ...]]:
+    """`n` deterministic synthetic prompts of `kind` ("answer" or "gate"), laid out by `builder`."""
+    from gatehead.evals.workload import synthetic_requests
+
     return [tuple(getattr(builder.build(r.question, r.passages, r.conversation), kind))
             for r in synthetic_requests(n, seed)]
-
-
-def _action_ids(model_dir, adapter_dir) -> list[int]:
-    from transformers import AutoTokenizer
-
-    from gatehead.gate.adapter import load_gate_adapter
-    from gatehead.gate.prompt import reserved_token_id
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    return [reserved_token_id(tokenizer, t) for t in load_gate_adapter(adapter_dir, model_dir).spec.action_tokens]
 
 
 def _shutdown(engine: SharedEngine, loop: asyncio.AbstractEventLoop) -> None:
@@ -153,9 +149,8 @@ def run_stability(config, n: int = 64, max_tokens: int = 128, variants: Sequence
     if config.dtype != "bfloat16":
         raise ValueError("the stability rule is judged in bf16")
     window = config.max_model_len or 2048
-    answers = build_prompts(config.model, config.adapter, n, 1, "answer", window)
-    action_ids = _action_ids(config.model, config.adapter)
-    gates = build_prompts(config.model, config.adapter, n, 2, "gate", window)
+    builder, action_ids = prompt_builder(config.model, config.adapter, window)
+    answers, gates = build_prompts(builder, n, 1, "answer"), build_prompts(builder, n, 2, "gate")
     workloads = {"plain": (), "mixed": gates}
     needed = sorted({"plain" if v == "plain" else "mixed" for v in variants})
     progress = tqdm(total=2 * len(needed) + len(variants), desc="stability passes", unit="pass")

@@ -98,6 +98,11 @@ class Runtime:
         self.inflight = 0
         self._stack = contextlib.AsyncExitStack()
 
+    @property
+    def serving(self) -> bool:
+        """Started, not failed, not draining: requests may be taken."""
+        return self.ready and not self.failed and not self.draining
+
     async def start(self, config: ServerConfig) -> None:
         from gatehead.agent.checkpoint import open_checkpointer
         from gatehead.agent.graph import Agent
@@ -366,7 +371,7 @@ def create_app(config: ServerConfig) -> FastAPI:
 
     @app.get("/readyz")
     async def readyz() -> JSONResponse:
-        if runtime.draining or not runtime.ready or runtime.failed:
+        if not runtime.serving:
             why = "draining" if runtime.draining else "failed" if runtime.failed else "starting"
             return JSONResponse({"status": why}, 503)
         part = "engine"
@@ -454,7 +459,7 @@ def create_app(config: ServerConfig) -> FastAPI:
 
     @app.get("/v1/agent/threads/{thread_id}")
     async def agent_thread(thread_id: str, request: Request) -> dict:
-        if runtime.failed or not runtime.ready or runtime.draining:  # the guard checks POSTs only
+        if not runtime.serving:  # the guard checks POSTs only
             raise ApiError(503, "gatehead is not ready", "unavailable", {"Retry-After": "5"})
         if not THREAD_ID.fullmatch(thread_id):
             raise ApiError(400, "a thread id is 1-128 characters of letters, digits and . _ : -")
@@ -582,7 +587,7 @@ class Guard:
                                                    f"limit", "invalid_request_error"))
         if not path.startswith("/v1/") or scope["method"] != "POST":
             return await self._app(scope, receive, send)
-        if runtime.failed or not runtime.ready or runtime.draining:
+        if not runtime.serving:
             why = "shutting down" if runtime.draining else "failed to start" if runtime.failed else "starting"
             return await reply(error_response(503, f"gatehead is {why}", "unavailable", {"Retry-After": "5"}))
         if runtime.inflight >= config.max_inflight:
