@@ -91,8 +91,14 @@ def train_model(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, smoke: bool
         shutil.rmtree(model_dir)
     model_dir.mkdir(parents=True)
     # The tokenizer sees training text only: held-out names are split into pieces, as a user's would be.
-    texts = [e.question for e in examples] + [e.target for e in examples]
-    texts += [p.text for e in examples[:5000] for p in e.passages] + [e.system for e in examples[:10]]
+    if spec.tokenizer_corpus == "real":
+        from gatehead.demo.tasks import from_record
+
+        seen = [e for record in records for e in from_record(record)]
+    else:
+        seen = examples
+    texts = [e.question for e in seen] + [e.target for e in seen]
+    texts += [p.text for e in seen[:5000] for p in e.passages] + [e.system for e in examples[:10]]
     tokenizer = build_demo_tokenizer(model_dir, texts, spec)
     data = encode(examples, tokenizer, spec.max_position)
     torch.manual_seed(SEED)
