@@ -1,0 +1,117 @@
+"""The degenerate-output guard: repetition loops, garbled text and runs of improbable tokens in a generation.
+
+Serving bugs (a prefix-cache block read before it was written, KV rows swapped between requests)
+show up as output that looks like a model failure: a loop, byte garbage, a script soup, tokens the
+model itself found improbable. `check` looks at one generation so far (its token ids, text and the
+sampled tokens' logprobs) and names the first fault it finds, or None. `GuardConfig` holds the
+limits. This module only inspects outputs; it never touches an engine (issue 12: the streams that
+hold tokens back until it clears them, the canaries and the measured rates are still to come).
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+REASONS = ("repetition", "garbled", "improbable")
+
+
+@dataclass(frozen=True)
+class GuardConfig:
+    """Limits of the guard. A fault must hold for the whole span named, so short echoes pass."""
+
+    window: int = 32  # tokens a stream holds back until the guard clears them
+    # Repetition: the generation ends in a unit of 1..max_period tokens repeated back to back,
+    # covering at least min_span tokens and min_repeats units.
+    max_period: int = 16
+    min_span: int = 24
+    min_repeats: int = 4
+    # Garbled: characters no clean text carries (U+FFFD from broken bytes, control, private-use or
+    # unassigned code points) or words mixing letters of several scripts.
+    max_bad_chars: int = 1  # more than this many trips
+    max_mixed_words: int = 1
+    # Improbable: this many sampled tokens in a row, each below this logprob.
+    improbable_run: int = 8
+    improbable_logprob: float = -9.0
+    enabled: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("window", "max_period", "min_span", "min_repeats", "improbable_run"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"GuardConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.min_repeats < 2:
+            raise ValueError("GuardConfig.min_repeats must be >= 2: one occurrence is no repetition")
+        if self.improbable_logprob >= 0:
+            raise ValueError("GuardConfig.improbable_logprob must be negative")
+
+
+@dataclass(frozen=True)
+class Trip:
+    """What the guard found: one of REASONS and a human-readable detail."""
+
+    reason: str
+    detail: str
+
+
+def repetition(ids: Sequence[int], config: GuardConfig) -> Trip | None:
+    """A loop at the end of `ids`: the shortest period p whose back-to-back repeats cover the tail."""
+    n = len(ids)
+    for period in range(1, min(config.max_period, n // config.min_repeats) + 1):
+        span = period
+        while span < n and ids[n - 1 - span] == ids[n - 1 - span + period]:
+            span += 1
+        if span >= max(config.min_span, period * config.min_repeats):
+            return Trip("repetition", f"the last {span} tokens repeat a {period}-token unit")
+    return None
+
+
+def _script(ch: str) -> str | None:
+    """The script of a letter (LATIN, CYRILLIC, CJK, ...), None for anything else."""
+    if not ch.isalpha():
+        return None
+    name = unicodedata.name(ch, "")
+    for script in ("CJK", "HIRAGANA", "KATAKANA", "HANGUL"):
+        if script in name:
+            return "CJK"  # one writing system in practice: Japanese mixes them within words
+    return name.split(" ")[0] or None
+
+
+def _bad_char(ch: str) -> bool:
+    if ch in "\n\t\r":
+        return False
+    return ch == "\ufffd" or unicodedata.category(ch) in ("Cc", "Co", "Cn", "Cs")
+
+
+def garbled(text: str, config: GuardConfig) -> Trip | None:
+    """Byte garbage or script soup in `text`."""
+    bad = [ch for ch in text if _bad_char(ch)]
+    if len(bad) > config.max_bad_chars:
+        return Trip("garbled", f"{len(bad)} characters that clean text does not carry "
+                               f"({', '.join(sorted({f'U+{ord(c):04X}' for c in bad})[:5])})")
+    mixed = [w for w in text.split() if len({s for s in map(_script, w) if s}) > 1]
+    if len(mixed) > config.max_mixed_words:
+        return Trip("garbled", f"{len(mixed)} words mix scripts ({', '.join(repr(w) for w in mixed[:3])})")
+    return None
+
+
+def improbable(logprobs: Sequence[float], config: GuardConfig) -> Trip | None:
+    """A run of sampled tokens the model itself found improbable."""
+    run = 0
+    for lp in logprobs:
+        run = run + 1 if lp < config.improbable_logprob else 0
+        if run >= config.improbable_run:
+            return Trip("improbable", f"{run} tokens in a row below logprob {config.improbable_logprob}")
+    return None
+
+
+def check(ids: Sequence[int], text: str, logprobs: Sequence[float], config: GuardConfig,
+          forbidden: Collection[int] = ()) -> Trip | None:
+    """The first fault in a generation so far, or None. `forbidden`: ids no generation may contain
+    (the gate's reserved tokens, chat markup other than the end of turn)."""
+    if not config.enabled:
+        return None
+    stray = [t for t in ids if t in forbidden]
+    if stray:
+        return Trip("garbled", f"reserved token ids in the output: {sorted(set(stray))[:5]}")
+    return repetition(ids, config) or garbled(text, config) or improbable(logprobs, config)

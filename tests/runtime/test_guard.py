@@ -1,0 +1,53 @@
+"""The degenerate-output guard's checks on hand-made outputs (no engine)."""
+
+from __future__ import annotations
+
+import pytest
+
+from gatehead.runtime.guard import GuardConfig, check, garbled, improbable, repetition
+
+C = GuardConfig()
+CLEAN = "The Rowan Lantern costs €354 [1]. It ships from Trondheim within 4 business days [2]."
+
+
+def test_clean_answers_pass() -> None:
+    ids = list(range(40))  # no repeated unit
+    assert check(ids, CLEAN, [-0.1] * 40, C) is None
+    assert garbled("Der Preis beträgt 354 € — prix: 354 €, цена 354 €. 価格は354ユーロです。", C) is None
+    # an echo shorter than the span, and a list with a repeated separator, are not loops
+    assert repetition([5, 6, 7, 5, 6, 7, 5, 6, 7, 1, 2], C) is None
+    assert repetition([1, 9, 2, 9, 3, 9, 4, 9, 5, 9, 6, 9, 7, 9, 8, 9, 10, 9, 11, 9, 12, 9, 13, 9], C) is None
+
+
+@pytest.mark.parametrize("unit", [[7], [3, 4], [10, 11, 12, 13, 14], list(range(100, 116))])
+def test_loops_of_every_period_trip(unit: list[int]) -> None:
+    repeats = max(C.min_repeats, -(-C.min_span // len(unit)))
+    ids = [1, 2, 3] + unit * repeats
+    trip = repetition(ids, C)
+    assert trip is not None and trip.reason == "repetition" and f"{len(unit)}-token unit" in trip.detail
+    shorter = [1, 2, 3] + (unit * repeats)[:max(C.min_span, len(unit) * C.min_repeats) - 1]
+    assert repetition(shorter, C) is None  # one token short of the span
+
+
+def test_byte_garbage_and_script_soup_trip() -> None:
+    assert garbled(CLEAN + " \ufffd\ufffd", C).reason == "garbled"
+    assert garbled(CLEAN + "\x00\x07", C).reason == "garbled"
+    assert garbled(CLEAN + " \ufffd", C) is None  # one stray replacement character is allowed
+    trip = garbled("The Rоwan Lаntern cоsts", C)  # Cyrillic о and а inside Latin words
+    assert trip is not None and "mix scripts" in trip.detail
+
+
+def test_runs_of_improbable_tokens_trip() -> None:
+    assert improbable([-0.1] * 5 + [-12.0] * C.improbable_run, C).reason == "improbable"
+    assert improbable([-12.0] * (C.improbable_run - 1) + [-0.5] + [-12.0] * 3, C) is None
+
+
+def test_reserved_tokens_and_disabled_guard() -> None:
+    assert check([1, 2, 99], "ok", [-0.1] * 3, C, forbidden={99}).reason == "garbled"
+    assert check([7] * 64, "a" * 64, [-20.0] * 64, GuardConfig(enabled=False)) is None
+
+
+@pytest.mark.parametrize("field,value", [("window", 0), ("min_repeats", 1), ("improbable_logprob", 0.0)])
+def test_bad_config_is_refused(field: str, value) -> None:
+    with pytest.raises(ValueError, match=field):
+        GuardConfig(**{field: value})
