@@ -425,6 +425,21 @@ def _eval_arguments(p: argparse.ArgumentParser, memory_fraction: float | None = 
     p.add_argument("--ledger", type=Path, help="the ledger to append to (default: eval-runs/ledger.jsonl)")
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from gatehead.benchmarks.side_by_side import main as bench
+
+    if (args.model in ("demo", "random")) == bool(args.adapter):
+        raise ValueError("--adapter goes with --model PATH, and only with it")
+    for name in ("questions", "threads", "answer_tokens", "prefix_repeats"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    if any(c < 1 for c in args.concurrency):
+        raise ValueError("--concurrency values must be >= 1")
+    if not 0.0 < args.memory_fraction < 1.0:
+        raise ValueError("--memory-fraction must be in (0, 1)")
+    return bench(args)
+
+
 def _eval(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
@@ -661,6 +676,30 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--fixed-documents", action="store_true", help="each question keeps its own context")
     e.add_argument("--limit", type=int)
     p.set_defaults(func=_eval)
+
+    p = commands.add_parser("bench", help="side-by-side benchmarks: shared engine vs two engines vs no gate",
+                            description="Runs benchmarks/side_by_side.py (its docstring says what is measured).")
+    p.add_argument("--model", default="demo", help="demo | random (a ~0.5 B random Qwen3, built on first use) "
+                   "| a model folder (with --adapter)")
+    p.add_argument("--adapter", help="the gate adapter of --model PATH")
+    p.add_argument("--random-dir", default=".cache/bench-random", help="where --model random is built and kept")
+    p.add_argument("--workloads", nargs="+", default=["single", "multi", "prefix", "memory"],
+                   choices=["single", "multi", "prefix", "memory"])
+    p.add_argument("--questions", type=int, default=24, help="single-turn turns per concurrency level")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
+    p.add_argument("--threads", type=int, default=2, help="5-turn threads in the multi-turn workload")
+    p.add_argument("--answer-tokens", type=int, default=64, help="answer budget per turn")
+    p.add_argument("--prefix-repeats", type=int, default=3)
+    p.add_argument("--memory-fraction", type=float, default=0.1,
+                   help="KV memory of the shared engine; (b) gives each of its two engines half")
+    p.add_argument("--max-model-len", type=int, help="default: 2048 (demo), 4608 (random)")
+    p.add_argument("--block-size", type=int)
+    p.add_argument("--compile", action="store_true", help="vLLM compile mode instead of eager")
+    p.add_argument("--cores", default=f"0-{(os.cpu_count() or 1) - 1}", help="cores every setup uses (default all)")
+    p.add_argument("--two-engine-cores", choices=["split", "shared"], default="split",
+                   help="(b): half the cores each (split) or all cores for both (shared)")
+    p.add_argument("--out", type=Path, help="write the figures as JSON here (and the tables beside it, .md)")
+    p.set_defaults(func=_bench)
 
     p = commands.add_parser("demo", help="run the agent over scripted demo questions: transcript and summary")
     p.add_argument("question", nargs="*", help="questions to ask instead, one thread each")

@@ -72,13 +72,32 @@ def choose_thresholds(probs: np.ndarray, labels: Sequence[int], answer_precision
         if chosen.any() and (y[chosen] == 0).mean() >= answer_precision:
             t_answer, met = float(t), True
             break
-    best = (-1.0, 0.5)
-    for t in sorted({0.0, 1.0, *probs[:, 1].tolist()}):
-        thresholds = Thresholds(answer=t_answer, refuse=float(t))
-        macro_f1 = float(np.mean(list(classification_metrics(y.tolist(), decisions(probs, thresholds)).f1.values())))
-        if macro_f1 > best[0]:
-            best = (macro_f1, float(t))
-    return Thresholds(answer=t_answer, refuse=best[1]), met
+    candidates = np.unique(np.concatenate([[0.0, 1.0], probs[:, 1]]))
+    f1 = refuse_threshold_f1(probs, y, t_answer, candidates)
+    return Thresholds(answer=t_answer, refuse=float(candidates[int(np.argmax(f1))])), met
+
+
+def refuse_threshold_f1(probs: np.ndarray, y: np.ndarray, t_answer: float, candidates: np.ndarray) -> np.ndarray:
+    """Macro-F1 of the policy at `t_answer` for every refuse threshold in `candidates`, in one pass.
+
+    Rows under the answer threshold are refused when p(refuse) >= t, else sent to search, so each
+    class's true and predicted counts are counts of p(refuse) values at or above t (sorted + searchsorted).
+    """
+    answered = probs[:, 0] >= t_answer
+    rest_p, rest_y = probs[~answered, 1], y[~answered]
+
+    def at_or_above(values: np.ndarray) -> np.ndarray:
+        return len(values) - np.searchsorted(np.sort(values), candidates, side="left")
+
+    actual = np.array([(y == c).sum() for c in range(3)], dtype=float)
+    refused = at_or_above(rest_p)
+    tp = [np.full(len(candidates), float((y[answered] == 0).sum())),
+          at_or_above(rest_p[rest_y == 1]).astype(float),
+          float((rest_y == 2).sum()) - at_or_above(rest_p[rest_y == 2])]
+    predicted = [np.full(len(candidates), float(answered.sum())), refused.astype(float), len(rest_p) - refused]
+    f1 = [np.divide(2 * tp[c], predicted[c] + actual[c], out=np.zeros(len(candidates)),
+                    where=(predicted[c] + actual[c]) > 0) for c in range(3)]
+    return np.mean(f1, axis=0)
 
 
 def calibrate(model_dir: str | Path, adapter_dir: str | Path, val: Sequence[Example],

@@ -61,6 +61,11 @@ def test_bad_input_exits_2_with_the_fix(tiny: TinyModel, tiny_other: TinyModel) 
     assert bad.returncode == 2 and "threshold 'answer' must be a number in [0, 1]" in bad.stderr
     wrong = run("gate", "--model", str(tiny_other.model_dir), "--adapter", str(tiny.adapter_dir), "--question", "q")
     assert wrong.returncode == 2 and "wrong base model" in wrong.stderr
+    for args, message in ((["--adapter", str(tiny.adapter_dir)], "--adapter goes with --model PATH"),
+                          (["--concurrency", "1", "0"], "--concurrency values must be >= 1"),
+                          (["--cores", "0"], "split needs at least 2 cores")):
+        bench = run("bench", *args)
+        assert bench.returncode == 2 and message in bench.stderr, bench.stderr
 
 
 def test_export_dedicated_writes_a_stock_classifier(tiny: TinyModel, tmp_path: Path) -> None:

@@ -92,6 +92,22 @@ def test_temperature_and_thresholds_on_known_probabilities() -> None:
     assert not unreachable or (labels[probs[:, 0] >= 1.0] == 0).all()
 
 
+def test_refuse_threshold_scan_equals_the_policy_applied_at_each_threshold() -> None:
+    from gatehead.gate.calibrate import decisions, refuse_threshold_f1
+    from gatehead.gate.metrics import classification_metrics
+    from gatehead.gate.policy import Thresholds
+
+    rng = np.random.default_rng(1)
+    probs = softmax(rng.normal(size=(300, 3)) * 2.0)
+    labels = rng.integers(0, 3, 300)
+    candidates = np.unique(np.concatenate([[0.0, 1.0], probs[:, 1]]))
+    for t_answer in (0.0, 0.4, 1.0):
+        scan = refuse_threshold_f1(probs, labels, t_answer, candidates)
+        one_by_one = [np.mean(list(classification_metrics(labels.tolist(), decisions(
+            probs, Thresholds(answer=t_answer, refuse=float(t)))).f1.values())) for t in candidates]
+        assert np.abs(scan - np.array(one_by_one)).max() < 1e-12
+
+
 def test_calibrate_rewrites_the_adapter_and_reports(trained, tiny: TinyModel, data, tmp_path: Path) -> None:
     import shutil
 
