@@ -380,6 +380,7 @@ def _serve(args: argparse.Namespace) -> int:
     import logging
 
     from gatehead.agent.graph import AgentConfig
+    from gatehead.runtime.guard import GuardConfig
     from gatehead.server.app import ServerConfig
     from gatehead.server.serve import serve
 
@@ -393,7 +394,9 @@ def _serve(args: argparse.Namespace) -> int:
         cors_origins=tuple(args.cors_origin or ()), max_body_bytes=args.max_body, max_inflight=args.max_inflight,
         request_timeout=args.timeout, drain_seconds=args.drain_seconds, kv_cache_bytes=args.kv_mb << 20,
         enforce_eager=not args.compile, max_model_len=args.max_model_len,
-        agent=AgentConfig(top_k=args.top_k, max_searches=args.max_searches, max_answer_tokens=args.max_tokens))
+        agent=AgentConfig(top_k=args.top_k, max_searches=args.max_searches, max_answer_tokens=args.max_tokens),
+        guard=GuardConfig(window=args.guard_window, improbable_logprob=args.guard_improbable_logprob,
+                          improbable_run=args.guard_improbable_run, enabled=not args.no_guard))
     serve(config, args.host, args.port)
     return 0
 
@@ -641,6 +644,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-inflight", type=int, default=32, help="requests in flight before shedding with 503")
     p.add_argument("--timeout", type=float, help="per-request deadline in seconds (504); default none")
     p.add_argument("--drain-seconds", type=float, default=30.0, help="on SIGTERM, time for in-flight requests")
+    p.add_argument("--no-guard", action="store_true", help="turn the degenerate-output guard off")
+    p.add_argument("--guard-window", type=int, default=32,
+                   help="tokens a stream holds back until the guard clears them (default 32)")
+    p.add_argument("--guard-improbable-logprob", type=float, default=-9.0,
+                   help="a sampled token below this logprob is improbable (default -9)")
+    p.add_argument("--guard-improbable-run", type=int, default=8,
+                   help="improbable tokens in a row that trip the guard (default 8)")
     _agent_arguments(p)
     p.set_defaults(func=_serve)
 

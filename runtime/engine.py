@@ -172,12 +172,13 @@ class SharedEngine:
 
     async def stream(self, prompt: str | Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
                      top_p: float = 1.0, stop: Sequence[str] = (), ignore_eos: bool = False, seed: int | None = None,
-                     cache_salt: str | None = None) -> AsyncIterator[Generation]:
+                     cache_salt: str | None = None, bypass_prefix_cache: bool = False) -> AsyncIterator[Generation]:
         """Yield the generation so far after each step (cumulative), the last one finished.
 
         `stop`: strings that end the generation (not included in the text; finish reason "stop").
         `cache_salt` keeps this request's prefix-cache blocks apart from those of other salts (one
         salt per tenant: no tenant can probe another's prompts through cache timing).
+        `bypass_prefix_cache` computes the whole prompt afresh (the degenerate-output guard's retry).
         """
         from vllm import SamplingParams
 
@@ -190,7 +191,8 @@ class SharedEngine:
         ids = self._check_generation_prompt(prompt)
         self.check_length(ids, max_tokens)
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop=list(stop) or None,
-                                ignore_eos=ignore_eos, logprobs=0, seed=seed)
+                                ignore_eos=ignore_eos, logprobs=0, seed=seed,
+                                skip_reading_prefix_cache=bypass_prefix_cache or None)
         self._stats.generation_requests += 1
         async for out in self.llm.generate(_prompt(ids, cache_salt), params, request_id=f"gen-{uuid.uuid4().hex}"):
             completion = out.outputs[0]

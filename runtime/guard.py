@@ -4,8 +4,8 @@ Serving bugs (a prefix-cache block read before it was written, KV rows swapped b
 show up as output that looks like a model failure: a loop, byte garbage, a script soup, tokens the
 model itself found improbable. `check` looks at one generation so far (its token ids, text and the
 sampled tokens' logprobs) and names the first fault it finds, or None. `GuardConfig` holds the
-limits. This module only inspects outputs; it never touches an engine (issue 12: the streams that
-hold tokens back until it clears them, the canaries and the measured rates are still to come).
+limits. `guarded` holds a stream's last `window` tokens back until the check clears them, and
+`GuardedEngine` puts every generation of an engine through it.
 """
 
 from __future__ import annotations
@@ -115,3 +115,92 @@ def check(ids: Sequence[int], text: str, logprobs: Sequence[float], config: Guar
     if stray:
         return Trip("garbled", f"reserved token ids in the output: {sorted(set(stray))[:5]}")
     return repetition(ids, config) or garbled(text, config) or improbable(logprobs, config)
+
+
+class DegenerateOutput(RuntimeError):
+    """A guarded stream tripped after some of its tokens were released: the stream ends here."""
+
+    def __init__(self, trip: Trip, released_tokens: int) -> None:
+        super().__init__(f"degenerate output ({trip.reason}): {trip.detail}")
+        self.trip, self.released_tokens = trip, released_tokens
+
+
+@dataclass
+class GuardCounters:
+    """What the guard did, for `/metrics`: trips by reason, retries, streams ended, streams checked."""
+
+    checked: int = 0
+    retries: int = 0
+    ended: int = 0
+    trips: dict[str, int] | None = None
+
+    def trip(self, reason: str) -> None:
+        self.trips = self.trips or {r: 0 for r in REASONS}
+        self.trips[reason] += 1
+
+
+async def guarded(open_stream, config: GuardConfig, counters: GuardCounters, forbidden: Collection[int] = ()):
+    """Yield a generation as the engine's cumulative stream does, `config.window` tokens behind it.
+
+    `open_stream(bypass_prefix_cache: bool)` opens the engine stream (cumulative outputs with
+    `token_ids`, `text`, `logprobs`, `finish_reason`). Each output is checked whole; what is released
+    is an earlier output of the same stream, so released text is always exactly what the engine
+    decoded for those tokens. A trip before anything was released aborts the request and retries it
+    once with the prefix cache bypassed (a corrupted cached block is the usual suspect); a trip after
+    a release, or on the retry, raises `DegenerateOutput`.
+    """
+    from contextlib import aclosing
+
+    if not config.enabled:
+        async with aclosing(open_stream(False)) as stream:
+            async for out in stream:
+                yield out
+        return
+    counters.checked += 1
+    for attempt in (0, 1):
+        released, pending = 0, []
+        async with aclosing(open_stream(attempt == 1)) as stream:
+            async for out in stream:
+                trip = check(out.token_ids, out.text, out.logprobs, config, forbidden)
+                if trip is not None:
+                    counters.trip(trip.reason)
+                    if released == 0 and attempt == 0:
+                        counters.retries += 1
+                        break  # aclosing aborts the engine request
+                    counters.ended += 1
+                    raise DegenerateOutput(trip, released)
+                if out.finish_reason is not None:
+                    yield out
+                    return
+                pending.append(out)
+                ready = [p for p in pending if len(p.token_ids) <= len(out.token_ids) - config.window]
+                if ready:
+                    released = len(ready[-1].token_ids)
+                    pending = pending[len(ready):]
+                    yield ready[-1]
+            else:
+                return
+
+
+class GuardedEngine:
+    """An engine whose generations pass the guard: `stream` and `generate` guarded, the rest the engine's own.
+
+    What the server hands the agent and its plain-generation routes (gates go to the engine as they are).
+    """
+
+    def __init__(self, engine, config: GuardConfig = GuardConfig(), counters: GuardCounters | None = None) -> None:
+        self.engine, self.guard, self.counters = engine, config, counters or GuardCounters()
+
+    def __getattr__(self, name: str):
+        return getattr(self.engine, name)
+
+    def stream(self, prompt, **kwargs):
+        return guarded(lambda bypass: self.engine.stream(prompt, bypass_prefix_cache=bypass, **kwargs), self.guard,
+                       self.counters, self.engine.gate_reserved)
+
+    async def generate(self, prompt, **kwargs):
+        out = None
+        async for out in self.stream(prompt, **kwargs):  # noqa: B007 - the last output is the whole generation
+            pass
+        assert out is not None, "the engine ended the stream without output"
+        return out

@@ -35,6 +35,7 @@ from gatehead.gate.policy import Thresholds
 from gatehead.gate.prompt import Passage, Turn
 from gatehead.retrieval.config import StoreConfig
 from gatehead.runtime.engine import GateError
+from gatehead.runtime.guard import DegenerateOutput, GuardConfig, GuardCounters, GuardedEngine
 from gatehead.server.metrics import Metrics
 
 log = logging.getLogger("gatehead.server")
@@ -67,6 +68,7 @@ class ServerConfig:
     max_model_len: int | None = None
     base_model_name: str | None = None  # the plain-generation model's id; default: the model directory's name
     agent: AgentConfig = field(default_factory=AgentConfig)
+    guard: GuardConfig = field(default_factory=GuardConfig)  # the degenerate-output guard on every generation
 
     def __post_init__(self) -> None:
         if any(not k or k != k.strip() for k in self.api_keys):
@@ -92,6 +94,8 @@ class Runtime:
 
     def __init__(self) -> None:
         self.engine = self.store = self.saver = self.agent = None
+        self.generator = None  # the engine as generations see it: behind the guard, unless it is off
+        self.guard = GuardCounters()
         self.ready = False
         self.draining = False
         self.failed: str | None = None
@@ -115,7 +119,8 @@ class Runtime:
                 model=config.model, adapter=config.adapter, enforce_eager=config.enforce_eager,
                 kv_cache_memory_bytes=config.kv_cache_bytes, max_model_len=config.max_model_len))
             self.saver = await self._stack.enter_async_context(open_checkpointer(config.threads or default_threads))
-            self.agent = Agent(self.engine, self.store, config.agent, self.saver)
+            self.generator = GuardedEngine(self.engine, config.guard, self.guard)
+            self.agent = Agent(self.generator, self.store, config.agent, self.saver)
             await self.engine.generate([self.engine.tokenizer.eos_token_id], max_tokens=1)  # warm-up
             self.ready = True
             log.info("gatehead is ready")
@@ -275,6 +280,10 @@ def create_app(config: ServerConfig) -> FastAPI:
     async def gate_failed(request: Request, exc: GateError) -> JSONResponse:
         return error_response(500, f"the gate failed: {exc}", "gate_error")
 
+    @app.exception_handler(DegenerateOutput)
+    async def degenerate(request: Request, exc: DegenerateOutput) -> JSONResponse:
+        return error_response(502, str(exc), "degenerate_output")
+
     @app.exception_handler(ValueError)
     async def bad_value(request: Request, exc: ValueError) -> JSONResponse:
         return error_response(400, str(exc), "invalid_request_error")
@@ -391,6 +400,7 @@ def create_app(config: ServerConfig) -> FastAPI:
     async def metrics_route() -> PlainTextResponse:
         if runtime.ready and runtime.engine is not None and runtime.engine.alive:
             metrics.engine(await runtime.engine.stats())
+        metrics.guard(runtime.guard)
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
 
     # ----- gate ----------------------------------------------------------------------------------
@@ -530,7 +540,7 @@ def create_app(config: ServerConfig) -> FastAPI:
         if body.stream:
             events = _openai_plain_sse(runtime, metrics, body.model, completion_id, prompt, sampling)
             return StreamingResponse(timed(request, events, expired), media_type="text/event-stream")
-        out = await bounded(request, runtime.engine.generate(prompt, **sampling))
+        out = await bounded(request, runtime.generator.generate(prompt, **sampling))
         usage = {"prompt_tokens": len(prompt), "completion_tokens": len(out.token_ids),
                  "total_tokens": len(prompt) + len(out.token_ids)}
         return _completion(completion_id, body.model, out.text, _finish(out.finish_reason), usage, None)
@@ -732,6 +742,8 @@ async def _agent_sse(runtime: Runtime, metrics: Metrics, message: str, key: str,
                     yield _sse("final", payload(event.result, public))
     except ApiError as exc:
         yield _sse("error", {"message": exc.message, "code": exc.status})
+    except DegenerateOutput as exc:  # the answer so far was sent; the rest failed the guard
+        yield _sse("degenerate_output", {"message": str(exc), "reason": exc.trip.reason, "code": 502})
     except Exception as exc:  # noqa: BLE001 - the stream has started: the error is an event, then the end
         log.exception("agent stream failed")
         yield _sse("error", {"message": f"{type(exc).__name__}: {exc}", "code": 500})
@@ -757,6 +769,8 @@ async def _openai_agent_sse(runtime: Runtime, metrics: Metrics, model: str, comp
                 extra = {"decision": result.decision, "gates": result.gates, "sources": result.sources}
                 yield _chunk(completion_id, model, {}, _finish(result.finish_reason), extra)
         yield "data: [DONE]\n\n"
+    except DegenerateOutput as exc:
+        yield _error_chunk(str(exc), "degenerate_output", 502)
     except Exception as exc:  # noqa: BLE001 - the stream has started: the error is a chunk
         log.exception("completion stream failed")
         yield _error_chunk(f"{type(exc).__name__}: {exc}", "server_error", 500)
@@ -774,7 +788,7 @@ async def _openai_plain_sse(runtime: Runtime, metrics: Metrics, model: str, comp
     started, text, first, finish = time.perf_counter(), "", True, None
     yield _chunk(completion_id, model, {"role": "assistant", "content": ""}, None)
     try:
-        async for out in runtime.engine.stream(prompt, **sampling):
+        async for out in runtime.generator.stream(prompt, **sampling):
             if out.text != text:
                 if first:
                     metrics.ttft.observe(time.perf_counter() - started)
@@ -782,6 +796,9 @@ async def _openai_plain_sse(runtime: Runtime, metrics: Metrics, model: str, comp
                 yield _chunk(completion_id, model, {"content": out.text[len(text):]}, None)
                 text = out.text
             finish = out.finish_reason
+    except DegenerateOutput as exc:
+        yield _error_chunk(str(exc), "degenerate_output", 502)
+        return
     except Exception as exc:  # noqa: BLE001 - the stream has started: the error is a chunk
         log.exception("completion stream failed")
         yield _error_chunk(f"{type(exc).__name__}: {exc}", "server_error", 500)

@@ -18,6 +18,8 @@ _ENGINE = {"running": "requests running in the engine", "waiting": "requests wai
 
 class Metrics:
     def __init__(self) -> None:
+        from gatehead.runtime.guard import REASONS
+
         self.registry = registry = CollectorRegistry()
         self.requests = Counter("gatehead_requests", "HTTP requests by route and status", ["route", "status"],
                                 registry=registry)
@@ -36,6 +38,15 @@ class Metrics:
                                    registry=registry)
         self.timeouts = Counter("gatehead_deadline_exceeded", "requests cancelled at their deadline",
                                 registry=registry)
+        self.degenerate = Counter("gatehead_degenerate_output", "generations the degenerate-output guard tripped "
+                                  "on, by reason", ["reason"], registry=registry)
+        self.guard_retries = Counter("gatehead_guard_retries", "generations retried with the prefix cache bypassed "
+                                     "after a trip before any token was released", registry=registry)
+        self.guard_ended = Counter("gatehead_guard_streams_ended", "generations ended with degenerate_output",
+                                   registry=registry)
+        for reason in REASONS:  # every reason shows, at 0 until it trips
+            self.degenerate.labels(reason)
+        self._guard_seen: dict[str, int] = {}
         self.engine_gauges = {name: Gauge(f"gatehead_engine_{name}", help_text, registry=registry)
                               for name, help_text in _ENGINE.items()}
 
@@ -52,6 +63,19 @@ class Metrics:
         for name, gauge in self.engine_gauges.items():
             if name in stats:
                 gauge.set(float(stats[name]))
+
+    def guard(self, counters) -> None:
+        """Bring the guard's counters (`gatehead.runtime.guard.GuardCounters`) up to date."""
+        current = {**{f"trip:{r}": n for r, n in (counters.trips or {}).items()}, "retries": counters.retries,
+                   "ended": counters.ended}
+        for key, value in current.items():
+            delta = value - self._guard_seen.get(key, 0)
+            if delta > 0:
+                if key.startswith("trip:"):
+                    self.degenerate.labels(key.removeprefix("trip:")).inc(delta)
+                else:
+                    (self.guard_retries if key == "retries" else self.guard_ended).inc(delta)
+            self._guard_seen[key] = value
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

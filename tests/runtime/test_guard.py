@@ -51,3 +51,70 @@ def test_reserved_tokens_and_disabled_guard() -> None:
 def test_bad_config_is_refused(field: str, value) -> None:
     with pytest.raises(ValueError, match=field):
         GuardConfig(**{field: value})
+
+
+# ----- guarded streams on a real engine (the tiny model, shared with the other runtime tests) -----
+
+PROMPT = "<|im_start|>user\nHow long is the warranty?<|im_end|>\n<|im_start|>assistant\n"
+LENIENT = GuardConfig(window=8, min_span=10_000, max_bad_chars=10_000, max_mixed_words=10_000,
+                      improbable_logprob=-1e9)
+
+
+async def _collect(engine, config: GuardConfig, counters, forbidden=(), max_tokens: int = 32):
+    from gatehead.runtime.guard import guarded
+
+    seen = []
+    async for out in guarded(lambda bypass: engine.stream(PROMPT, max_tokens=max_tokens, ignore_eos=True,
+                                                          bypass_prefix_cache=bypass),
+                             config, counters, forbidden):
+        seen.append(out)
+    return seen
+
+
+def test_a_clean_stream_is_released_window_behind_and_unchanged(shared_eager, loop) -> None:
+    from gatehead.runtime.guard import GuardCounters
+
+    plain = loop.run(shared_eager.generate(PROMPT, max_tokens=32, ignore_eos=True))
+    counters = GuardCounters()
+    seen = loop.run(_collect(shared_eager, LENIENT, counters))
+    assert seen[-1].token_ids == plain.token_ids and seen[-1].text == plain.text
+    assert len(seen) > 2  # released as it goes, not all at the end
+    for out in seen[:-1]:
+        assert len(out.token_ids) <= 32 - LENIENT.window
+        assert plain.token_ids[:len(out.token_ids)] == out.token_ids and plain.text.startswith(out.text)
+    assert [len(o.token_ids) for o in seen] == sorted({len(o.token_ids) for o in seen})
+    assert counters.checked == 1 and counters.retries == 0 and counters.trips is None
+
+
+def test_a_trip_before_release_retries_once_then_fails(shared_eager, loop) -> None:
+    from gatehead.runtime.guard import DegenerateOutput, GuardCounters
+
+    always = GuardConfig(window=1000, improbable_run=1, improbable_logprob=-1e-30)  # every sampled token trips
+    counters = GuardCounters()
+    with pytest.raises(DegenerateOutput) as info:
+        loop.run(_collect(shared_eager, always, counters))
+    assert info.value.released_tokens == 0 and info.value.trip.reason == "improbable"
+    assert counters.retries == 1 and counters.ended == 1 and counters.trips["improbable"] == 2
+    assert loop.run(shared_eager.generate(PROMPT, max_tokens=4)).token_ids  # the engine serves on
+
+
+def test_a_trip_after_release_ends_the_stream(shared_eager, loop) -> None:
+    from gatehead.runtime.guard import DegenerateOutput, GuardCounters
+
+    plain = loop.run(shared_eager.generate(PROMPT, max_tokens=32, ignore_eos=True)).token_ids
+    late = next(i for i in range(12, 32) if plain[i] not in plain[:i])  # a token first seen at position i
+    counters, seen = GuardCounters(), []
+
+    async def run() -> None:
+        from gatehead.runtime.guard import guarded
+
+        async for out in guarded(lambda bypass: shared_eager.stream(PROMPT, max_tokens=32, ignore_eos=True),
+                                 GuardConfig(window=4, min_span=10_000, max_bad_chars=10_000,
+                                             max_mixed_words=10_000, improbable_logprob=-1e9),
+                                 counters, forbidden={plain[late]}):
+            seen.append(out)
+
+    with pytest.raises(DegenerateOutput) as info:
+        loop.run(run())
+    assert info.value.released_tokens == len(seen[-1].token_ids) > 0
+    assert len(seen[-1].token_ids) <= late + 1 - 4 and counters.retries == 0 and counters.ended == 1

@@ -64,7 +64,7 @@ def test_trained_gate_under_tp2_in_bf16_matches_tp1(loop) -> None:
     from gatehead.demo import ADAPTER_DIR, MODEL_DIR
     from gatehead.demo.build import held_out_examples
 
-    examples = held_out_examples()[:256]
+    examples = held_out_examples()[:128]
     probs = []
     for tp in (1, 2):
         config = EngineConfig(model=MODEL_DIR, adapter=ADAPTER_DIR, enforce_eager=True, block_size=32,

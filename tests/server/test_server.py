@@ -335,6 +335,30 @@ def test_metrics_count_requests_decisions_and_engine_state(server: Server) -> No
     assert "gatehead_gate_decisions_total" in text and 'gatehead_gate_probability_bucket{label="answer"' in text
     assert "gatehead_time_to_first_token_seconds_count" in text and "gatehead_engine_kv_blocks" in text
     assert 'gatehead_requests_total{route="/v1/gate",status="401"}' in text
+    # Every answer this module's tests generated passed the degenerate-output guard (on by default).
+    for reason in ("repetition", "garbled", "improbable"):
+        assert f'gatehead_degenerate_output_total{{reason="{reason}"}} 0.0' in text
+    assert "gatehead_guard_retries_total 0.0" in text
+
+
+def test_the_guard_retries_then_reports_degenerate_output(workdir: Path) -> None:
+    # A guard that finds every sampled token improbable: each generation trips before releasing a
+    # token, is retried once with the prefix cache bypassed, trips again and fails as degenerate_output.
+    tripping = Server(workdir, "--guard-improbable-logprob=-1e-30", "--guard-improbable-run", "1")
+    try:
+        plain = tripping.post("/v1/chat/completions", {**STORY, "max_tokens": 8})
+        assert plain.status_code == 502 and plain.json()["error"]["type"] == "degenerate_output"
+        assert "improbable" in plain.json()["error"]["message"]
+        with tripping.client.stream("POST", "/v1/agent/chat", json={"message": ROWAN, "stream": True},
+                                    headers=AUTH) as response:
+            body = "".join(response.iter_text())
+        assert "event: degenerate_output" in body and '"reason": "improbable"' in body
+        assert tripping.post("/v1/gate", {"question": ROWAN}).status_code == 200  # gates do not generate
+        text = tripping.client.get("/metrics", headers=AUTH).text
+        assert 'gatehead_degenerate_output_total{reason="improbable"} 4.0' in text
+        assert "gatehead_guard_retries_total 2.0" in text and "gatehead_guard_streams_ended_total 2.0" in text
+    finally:
+        tripping.stop()
 
 
 class HeldRequest:
