@@ -325,17 +325,22 @@ def _questions(n: int, offset: int = 0) -> list[str]:
     return pool[offset:offset + n]
 
 
-async def _workloads(agent, engine_for_prefix: SharedEngine | None, config: BenchConfig, corpus: Sequence[str]):
+async def _workloads(agent, engine_for_prefix: SharedEngine | None, config: BenchConfig, corpus: Sequence[str],
+                     reset) -> dict:
+    """The workloads on one setup; `reset()` empties its engines' prefix caches before each one, so no
+    workload reads what an earlier one left (within a workload, turns share prefixes as real traffic does)."""
     out: dict = {}
     warmup = _questions(2, offset=200)
     await single_turn(agent, warmup, 2, config.answer_tokens)  # first-request costs out of the figures
     if "single" in config.workloads:
         questions = _questions(config.questions)
         for c in config.concurrency:
+            await reset()
             out[f"single_c{c}"] = await single_turn(agent, questions, c, config.answer_tokens)
     if "multi" in config.workloads:
         pool = _questions(config.threads * config.thread_turns, offset=config.questions)
         threads = [pool[i * config.thread_turns:(i + 1) * config.thread_turns] for i in range(config.threads)]
+        await reset()
         out["multi_turn"] = await multi_turn(agent, threads, config.answer_tokens)
     if "prefix" in config.workloads and engine_for_prefix is not None:
         lengths = [n for n in PREFIX_LENGTHS if n < config.max_model_len]
@@ -371,9 +376,9 @@ def run(config: BenchConfig, log=print) -> dict:
             engine = _start(cores, lambda: SharedEngine(_engine_config(config, config.adapter, config.memory_fraction)))
             async def shared_phase() -> dict:  # one event loop for the engine's whole life
                 figures["setups"]["a_shared"] = await _workloads(Agent(engine, store, agent_config), engine, config,
-                                                                 corpus)
+                                                                 corpus, engine.reset_prefix_cache)
                 figures["setups"]["c_ungated"] = await _workloads(Agent(Ungated(engine), store, agent_config), None,
-                                                                  config, corpus)
+                                                                  config, corpus, engine.reset_prefix_cache)
                 return {"kv_tokens": engine.kv_tokens, "rss_bytes": _rss(engine.engine_pids()),
                         "plugin_bytes": await engine.plugin_memory()}
 
@@ -389,8 +394,13 @@ def run(config: BenchConfig, log=print) -> dict:
             try:
                 dedicated = _start(gate_cores, lambda: DedicatedGate(export, config, half))
                 two = TwoEngines(generator, dedicated, engine.adapter)
+
+                async def reset_both() -> None:
+                    await generator.reset_prefix_cache()
+                    await dedicated.llm.reset_prefix_cache()
+
                 figures["setups"]["b_two_engines"] = asyncio.run(
-                    _workloads(Agent(two, store, agent_config), None, config, corpus))
+                    _workloads(Agent(two, store, agent_config), None, config, corpus, reset_both))
                 memory["two_engines"] = {"generator_kv_tokens": generator.kv_tokens,
                                          "gate_kv_tokens": dedicated.kv_tokens,
                                          "rss_bytes": _rss(generator.engine_pids() + dedicated.engine_pids())}
