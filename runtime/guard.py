@@ -83,16 +83,26 @@ def _bad_char(ch: str) -> bool:
     return ch == "\ufffd" or unicodedata.category(ch) in ("Cc", "Co", "Cn", "Cs")
 
 
-def garbled(text: str, config: GuardConfig) -> Trip | None:
-    """Byte garbage or script soup in `text`."""
-    bad = [ch for ch in text if _bad_char(ch)]
+def _bad_chars(text: str) -> list[str]:
+    return [ch for ch in text if _bad_char(ch)]
+
+
+def _mixed_words(text: str) -> list[str]:
+    return [w for w in text.split() if len({s for s in map(_script, w) if s}) > 1]
+
+
+def _garbled_trip(bad: Sequence[str], mixed: Sequence[str], config: GuardConfig) -> Trip | None:
     if len(bad) > config.max_bad_chars:
         return Trip("garbled", f"{len(bad)} characters that clean text does not carry "
                                f"({', '.join(sorted({f'U+{ord(c):04X}' for c in bad})[:5])})")
-    mixed = [w for w in text.split() if len({s for s in map(_script, w) if s}) > 1]
     if len(mixed) > config.max_mixed_words:
         return Trip("garbled", f"{len(mixed)} words mix scripts ({', '.join(repr(w) for w in mixed[:3])})")
     return None
+
+
+def garbled(text: str, config: GuardConfig) -> Trip | None:
+    """Byte garbage or script soup in `text`."""
+    return _garbled_trip(_bad_chars(text), _mixed_words(text), config)
 
 
 def improbable(logprobs: Sequence[float], config: GuardConfig) -> Trip | None:
@@ -105,16 +115,59 @@ def improbable(logprobs: Sequence[float], config: GuardConfig) -> Trip | None:
     return None
 
 
+class Checker:
+    """`check` for one growing generation, in time proportional to what each call adds.
+
+    A stream is checked after every step; scanning its whole text each time would cost O(n^2) over
+    a long generation. The checker keeps the counts of the text up to its last whitespace (whole
+    words) and of the logprobs seen, and rescans only the rest. A text that shrank (a stop string
+    cut at the end) is rescanned whole.
+    """
+
+    def __init__(self, config: GuardConfig, forbidden: Collection[int] = ()) -> None:
+        self.config, self.forbidden = config, frozenset(forbidden)
+        self._ids = self._logprobs = self._run = self._done = 0
+        self._bad: list[str] = []
+        self._mixed: list[str] = []
+
+    def __call__(self, ids: Sequence[int], text: str, logprobs: Sequence[float]) -> Trip | None:
+        config = self.config
+        if not config.enabled:
+            return None
+        stray = [t for t in ids[self._ids:] if t in self.forbidden]
+        self._ids = len(ids)
+        if stray:
+            return Trip("garbled", f"reserved token ids in the output: {sorted(set(stray))[:5]}")
+        trip = repetition(ids, config)
+        if trip is not None:
+            return trip
+        if len(text) < self._done:
+            self._done, self._bad, self._mixed = 0, [], []
+        cut = len(text)
+        while cut > self._done and not text[cut - 1].isspace():
+            cut -= 1
+        if cut > self._done:  # whole words since the last call: counted for good
+            segment = text[self._done:cut]
+            self._bad += _bad_chars(segment)
+            self._mixed += _mixed_words(segment)
+            self._done = cut
+        tail = text[self._done:]  # the word still being written: counted this time only
+        trip = _garbled_trip(self._bad + _bad_chars(tail), self._mixed + _mixed_words(tail), config)
+        if trip is not None:
+            return trip
+        for lp in logprobs[self._logprobs:]:
+            self._run = self._run + 1 if lp < config.improbable_logprob else 0
+            if self._run >= config.improbable_run:
+                return Trip("improbable", f"{self._run} tokens in a row below logprob {config.improbable_logprob}")
+        self._logprobs = len(logprobs)
+        return None
+
+
 def check(ids: Sequence[int], text: str, logprobs: Sequence[float], config: GuardConfig,
           forbidden: Collection[int] = ()) -> Trip | None:
-    """The first fault in a generation so far, or None. `forbidden`: ids no generation may contain
-    (the gate's reserved tokens, chat markup other than the end of turn)."""
-    if not config.enabled:
-        return None
-    stray = [t for t in ids if t in forbidden]
-    if stray:
-        return Trip("garbled", f"reserved token ids in the output: {sorted(set(stray))[:5]}")
-    return repetition(ids, config) or garbled(text, config) or improbable(logprobs, config)
+    """The first fault in a generation, or None. `forbidden`: ids no generation may contain (the
+    gate's reserved tokens)."""
+    return Checker(config, forbidden)(ids, text, logprobs)
 
 
 class DegenerateOutput(RuntimeError):
@@ -143,7 +196,7 @@ async def guarded(open_stream, config: GuardConfig, counters: GuardCounters, for
     """Yield a generation as the engine's cumulative stream does, `config.window` tokens behind it.
 
     `open_stream(bypass_prefix_cache: bool)` opens the engine stream (cumulative outputs with
-    `token_ids`, `text`, `logprobs`, `finish_reason`). Each output is checked whole; what is released
+    `token_ids`, `text`, `logprobs`, `finish_reason`). Each output is checked (`Checker`); what is released
     is an earlier output of the same stream, so released text is always exactly what the engine
     decoded for those tokens. A trip before anything was released aborts the request and retries it
     once with the prefix cache bypassed (a corrupted cached block is the usual suspect); a trip after
@@ -158,10 +211,10 @@ async def guarded(open_stream, config: GuardConfig, counters: GuardCounters, for
         return
     counters.checked += 1
     for attempt in (0, 1):
-        released, pending = 0, []
+        released, pending, checker = 0, [], Checker(config, forbidden)
         async with aclosing(open_stream(attempt == 1)) as stream:
             async for out in stream:
-                trip = check(out.token_ids, out.text, out.logprobs, config, forbidden)
+                trip = checker(out.token_ids, out.text, out.logprobs)
                 if trip is not None:
                     counters.trip(trip.reason)
                     if released == 0 and attempt == 0:

@@ -118,3 +118,30 @@ def test_a_trip_after_release_ends_the_stream(shared_eager, loop) -> None:
         loop.run(run())
     assert info.value.released_tokens == len(seen[-1].token_ids) > 0
     assert len(seen[-1].token_ids) <= late + 1 - 4 and counters.retries == 0 and counters.ended == 1
+
+
+def test_the_incremental_checker_sees_what_a_whole_check_sees() -> None:
+    import random
+
+    from gatehead.runtime.guard import Checker
+
+    r = random.Random(0)
+    pieces = ["The ", "Rowan ", "Lan", "tern ", "costs ", "€354 ", "[1].", "\n", "Р", "оwan ", "\ufffd", "x ",
+              "価格", "は ", "\x07", "ok "]
+    for _ in range(200):
+        config = GuardConfig(max_bad_chars=r.choice([0, 1, 3]), max_mixed_words=r.choice([0, 1, 2]),
+                             improbable_run=r.choice([2, 4]), min_span=r.choice([6, 24]), min_repeats=2)
+        checker, ids, text, lps = Checker(config), [], "", []
+        for _ in range(r.randrange(1, 30)):
+            piece = r.choice(pieces)
+            text += piece
+            ids.append(r.choice([1, 2, 3, pieces.index(piece) + 10]))
+            lps.append(r.choice([-0.1, -12.0]))
+            incremental = checker(ids, text, lps)
+            whole = check(ids, text, lps, config)
+            separate = repetition(ids, config) or garbled(text, config) or improbable(lps, config)
+            assert (whole is None) == (separate is None) and (whole is None or whole.reason == separate.reason)
+            assert (incremental is None) == (whole is None) and (incremental is None or
+                                                                  incremental.reason == whole.reason)
+            if whole is not None:
+                break
