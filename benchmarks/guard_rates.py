@@ -5,7 +5,7 @@ the shared engine, CPU is fine). Clean outputs: the demo model's answers to ever
 question with the documents retrieved for it (`demo/data/*.jsonl`), greedy and sampled at
 temperature 0.8, each with its token ids, text and sampled-token logprobs, checked as a stream is
 (`Checker`, at every token). Faults are injected into each clean answer:
-- repetition: a unit of 1-16 vocabulary tokens repeated until 48 tokens are appended, each given
+- repetition: a unit of 1-16 vocabulary tokens repeated until 64 tokens are appended, each given
   logprob -0.5 (a loop the model is sure of, so only the repetition rule can see it);
 - byte garbage: 8 random bytes decoded with replacement, inserted into the text;
 - script soup: Latin letters of two appended words swapped for Cyrillic look-alikes;
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import time
 from collections import Counter
@@ -41,12 +42,12 @@ def stream_check(config: GuardConfig, ids, text: str, logprobs, tokenizer, forbi
     return None
 
 
-async def generate(engine, items, temperature: float, seed: int):
+async def generate(engine, items, temperature: float):
     outs = []
     for i in range(0, len(items), 64):
         chunk = items[i:i + 64]
-        outs += await asyncio.gather(*(engine.generate(p.answer, max_tokens=64, temperature=temperature,
-                                                       seed=seed + i + j) for j, p in enumerate(chunk)))
+        outs += await asyncio.gather(*(engine.generate(p.answer, max_tokens=64, temperature=temperature)
+                                       for p in chunk))
     return outs
 
 
@@ -61,12 +62,12 @@ async def scored(engine, prompt_ids, answer_ids, extra) -> list[float]:
     return [entry[token].logprob for entry, token in zip(entries, extra, strict=True)]
 
 
-async def run(limit: int | None) -> dict:
+async def run(limit: int | None, config: GuardConfig) -> dict:
     from gatehead.demo import ADAPTER_DIR, MODEL_DIR
     from gatehead.demo.build import held_out_examples
     from gatehead.runtime.engine import EngineConfig, SharedEngine
 
-    config, r = GuardConfig(), random.Random(0)
+    r = random.Random(0)
     examples = held_out_examples(("train", "val", "test"))[:limit]
     engine = SharedEngine(EngineConfig(model=MODEL_DIR, adapter=ADAPTER_DIR, kv_cache_memory_bytes=512 << 20,
                                        max_model_len=2048, enforce_eager=True, block_size=32))
@@ -76,7 +77,7 @@ async def run(limit: int | None) -> dict:
                  and t != tokenizer.pad_token_id]
         prompts = [engine.prompts.build(e.question, e.passages) for e in examples]
         started = time.time()
-        clean = {"greedy": await generate(engine, prompts, 0.0, 0), "sampled": await generate(engine, prompts, 0.8, 0)}
+        clean = {"greedy": await generate(engine, prompts, 0.0), "sampled": await generate(engine, prompts, 0.8)}
         generation_s = time.time() - started
         results: dict = {}
         for name, outs in clean.items():
@@ -89,8 +90,8 @@ async def run(limit: int | None) -> dict:
             if ids and ids[-1] == tokenizer.eos_token_id:  # faults follow the answer's last word
                 ids, lps = ids[:-1], lps[:-1]
             unit = [r.choice(vocab) for _ in range(r.randint(1, 16))]
-            loop = (unit * 48)[:48]
-            faults["repetition"][stream_check(config, ids + loop, tokenizer.decode(ids + loop), lps + [-0.5] * 48,
+            loop = (unit * 64)[:64]  # 4 repeats of the longest unit the guard looks for
+            faults["repetition"][stream_check(config, ids + loop, tokenizer.decode(ids + loop), lps + [-0.5] * 64,
                                               tokenizer, forbidden)] += 1
             cut = r.randrange(len(text) + 1)
             garbage = bytes(r.randrange(256) for _ in range(8)).decode("utf-8", errors="replace")
@@ -116,11 +117,15 @@ async def run(limit: int | None) -> dict:
 
 
 def main() -> None:
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries the JSON
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", type=int, help="the first N labelled questions only")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--improbable-logprob", type=float, default=GuardConfig.improbable_logprob)
     args = parser.parse_args()
-    results = asyncio.run(run(args.limit))
+    config = GuardConfig(improbable_logprob=args.improbable_logprob)
+    results = {"guard": {"improbable_logprob": config.improbable_logprob, "improbable_run": config.improbable_run},
+               **asyncio.run(run(args.limit, config))}
     text = json.dumps(results, indent=2, ensure_ascii=False)
     print(text)
     if args.out:

