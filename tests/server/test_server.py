@@ -347,7 +347,9 @@ def test_metrics_count_requests_decisions_and_engine_state(server: Server) -> No
 def test_the_guard_retries_then_reports_degenerate_output(workdir: Path) -> None:
     # A guard that finds every sampled token improbable: each generation trips before releasing a
     # token, is retried once with the prefix cache bypassed, trips again and fails as degenerate_output.
-    tripping = Server(workdir, "--guard-improbable-logprob=-1e-30", "--guard-improbable-run", "1")
+    own = workdir / "guard"  # its own embedded index: the module's server holds the one in workdir
+    own.mkdir(exist_ok=True)
+    tripping = Server(own, "--guard-improbable-logprob=-1e-30", "--guard-improbable-run", "1")
     try:
         plain = tripping.post("/v1/chat/completions", {**STORY, "max_tokens": 8})
         assert plain.status_code == 502 and plain.json()["error"]["type"] == "degenerate_output"
