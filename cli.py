@@ -689,7 +689,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = commands.add_parser("bench", help="side-by-side benchmarks: shared engine vs two engines vs no gate",
                             description="Runs benchmarks/side_by_side.py (its docstring says what is measured).")
-    p.add_argument("--model", default="demo", help="demo | random (a ~0.5 B random Qwen3, built on first use) "
+    p.add_argument("--model", default="demo", help="demo | random (a 0.36 B random Qwen3, built on first use) "
                    "| a model folder (with --adapter)")
     p.add_argument("--adapter", help="the gate adapter of --model PATH")
     p.add_argument("--random-dir", default=".cache/bench-random", help="where --model random is built and kept")

@@ -17,8 +17,8 @@ to first token after a gate on the same prefix vs cold, for prefixes of 256 to 4
 shared engine); memory (weights bytes, engine processes' resident memory, KV capacity of each engine
 at the same memory fraction, and a stock engine's at the shared engine's fraction).
 Models: the demo model (`--model demo`), or a random-weight Qwen3 large enough that compute
-dominates overheads (`--model random`, ~0.5 B parameters, built on first use). Prints tables, writes
-JSON; asserts nothing (the targets are judged in the README, by hand).
+dominates overheads (`--model random`: Qwen2.5-0.5B's layers, 0.36 B parameters, built on first
+use). Prints tables, writes JSON; asserts nothing (the targets are judged in the README, by hand).
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ from gatehead.runtime.engine import EngineConfig, GateOutcome, SharedEngine, _la
 
 ALWAYS_ANSWER = Thresholds(answer=0.0, refuse=1.0)
 PREFIX_LENGTHS = (256, 512, 1024, 2048, 4096)
-# ~0.5 B parameters (Qwen2.5-0.5B's shape, 24 layers): k=4 branch layers are 1/6 of the stack.
+# Qwen2.5-0.5B's layer shape (24 layers; 0.36 B parameters with the tiny tokenizer's vocabulary):
+# k=4 branch layers are 1/6 of the stack.
 RANDOM_SHAPE = dict(num_layers=24, hidden_size=896, intermediate_size=4864, num_heads=14, num_kv_heads=2,
                     head_dim=64, max_position=8192, initializer_range=0.02)
 
@@ -446,7 +447,7 @@ def ratios(setups: dict) -> dict:
 
 
 def random_model(directory: Path) -> tuple[Path, Path]:
-    """The ~0.5 B random Qwen3 and its random gate adapter under `directory` (built once, reused)."""
+    """The 0.36 B random Qwen3 and its random gate adapter under `directory` (built once, reused)."""
     from gatehead.runtime.tiny import TinySpec, build_tiny
 
     model, adapter = directory / "model", directory / "adapter"
