@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from gatehead.benchmarks.agent_ttft import ttft
 from gatehead.gate.policy import LABELS, Thresholds, gate_result
 from gatehead.gate.prompt import Passage, PromptBuilder, PromptConfig
 from gatehead.runtime.engine import EngineConfig, GateOutcome, SharedEngine, _last
@@ -268,23 +269,17 @@ def prefix_prompts(engine: SharedEngine, lengths: Sequence[int], corpus: Sequenc
 async def prefix_reuse(engine: SharedEngine, prompts, repeats: int) -> list[dict]:
     """Answer time to first token cold vs right after a gate on the same prefix (prefix cache emptied each time)."""
 
-    async def ttft(ids) -> tuple[float, int]:
-        started = time.perf_counter()
-        async for out in engine.stream(ids, max_tokens=1):
-            return time.perf_counter() - started, out.num_cached_tokens
-        raise RuntimeError("no output")
-
     rows = []
     for length, prompt in prompts:
         cold, warm, gate_ms, cached = [], [], [], 0
         for _ in range(repeats):
             await engine.reset_prefix_cache()
-            cold.append((await ttft(prompt.answer))[0])
+            cold.append((await ttft(engine, prompt.answer))[0])
             await engine.reset_prefix_cache()
             started = time.perf_counter()
             await engine.gate_prompt(prompt.gate, ALWAYS_ANSWER)
             gate_ms.append(time.perf_counter() - started)
-            seconds, cached = await ttft(prompt.answer)
+            seconds, cached = await ttft(engine, prompt.answer)
             warm.append(seconds)
         rows.append({"target_tokens": length, "answer_prompt_tokens": len(prompt.answer), "cached_tokens": cached,
                      "cold_ttft_ms": 1000 * statistics.median(cold),
