@@ -155,6 +155,11 @@ _INTROS = ["is {desc} from {company}'s {year} range.", "is {desc}, introduced by
            "joined the {company} catalogue in {year} as {desc}."]
 
 
+def category_of(name: str) -> str | None:
+    """The category a product name belongs to by its noun ("Rowan Lantern" -> "lantern"), or None."""
+    return next((category for category, (noun, _, _) in _CATEGORIES.items() if name.endswith(f" {noun}")), None)
+
+
 def split_of(index: int, count: int) -> str:
     """Deterministic split by position in a shuffled list: the first 70% train, then val, then test."""
     cut_train = round(count * SPLIT_SHARES[0])

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gatehead.agent.prompts import ANSWER_SYSTEM, REFUSAL, REWRITE_SYSTEM
-from gatehead.demo.kb import Doc, KnowledgeBase, build_kb, invented_stems
+from gatehead.demo.kb import Doc, KnowledgeBase, build_kb, category_of, invented_stems
 from gatehead.demo.questions import Question, build_questions
 from gatehead.gate.data import parse_example
 from gatehead.gate.prompt import Passage, Turn
@@ -74,15 +74,30 @@ def from_record(record: dict) -> list[LMExample]:
     return out
 
 
-def _context(kb: KnowledgeBase, must: Sequence[Doc], avoid: set[str], r: random.Random) -> tuple[Passage, ...]:
-    """`must` plus hard negatives (same kind of document, other entities) up to TOP_K, shuffled."""
-    kind = must[0].doc_id.split("/")[0]
-    same = [d for d in kb.docs if d.doc_id.split("/")[0] == kind and d.entity != must[0].entity
-            and d.doc_id not in avoid]
+def _context(kb: KnowledgeBase, must: Sequence[Doc], avoid: set[str], r: random.Random,
+             about: str | None = None) -> tuple[Passage, ...]:
+    """`must` plus hard negatives up to TOP_K, shuffled.
+
+    By default the negatives are documents of the same kind about other entities (70%) or any
+    documents. With `about` (the question's product, or a product that does not exist) they are
+    mostly of the same kind about other products of its category, as the real retriever returns them
+    ("How heavy is the Rowan Lantern?" gets the Larch and Sorrel Lanterns' spec sheets beside the
+    Rowan's): 65% of held-out test prompts hold two passages of one category, 11% of the default
+    synthetic ones do. With `about` and `must` empty every passage is such a negative.
+    """
+    kind = must[0].doc_id.split("/")[0] if must else "products"
+    taken = {d.entity for d in must} | ({about} if about else set())
+    same = [d for d in kb.docs if d.doc_id.split("/")[0] == kind and d.entity not in taken and d.doc_id not in avoid]
+    category = category_of(about) if about else None
+    namesakes = [d for d in same if category is not None and category_of(d.entity) == category]
     other = [d for d in kb.docs if d.doc_id not in avoid and d not in must]
     picked = list(must)
     while len(picked) < TOP_K:
-        pool = same if same and r.random() < 0.7 else other
+        if about is None:
+            pool = same if same and r.random() < 0.7 else other
+        else:
+            roll = r.random()
+            pool = namesakes if namesakes and roll < 0.7 else same if same and roll < 0.85 else other
         doc = r.choice(pool)
         if doc not in picked:
             picked.append(doc)
@@ -90,24 +105,35 @@ def _context(kb: KnowledgeBase, must: Sequence[Doc], avoid: set[str], r: random.
     return tuple(passage(d) for d in picked)
 
 
-def synthetic_examples(kb: KnowledgeBase, questions: Sequence[Question], r: random.Random) -> list[LMExample]:
-    """Examples for every question of a synthetic knowledge base, with shuffled hard-negative contexts."""
+def synthetic_examples(kb: KnowledgeBase, questions: Sequence[Question], r: random.Random,
+                       same_category: bool = False) -> list[LMExample]:
+    """Examples for every question of a synthetic knowledge base, with shuffled hard-negative contexts.
+
+    `same_category`: negatives mostly about products of the question's category (see `_context`).
+    """
     out: list[LMExample] = []
+
+    def context(must: Sequence[Doc], avoid: set[str], q: Question) -> tuple[Passage, ...]:
+        return _context(kb, must, avoid, r, q.entity if same_category else None)
+
     products = {p.name: p for p in kb.products}
     for q in questions:
         if q.label == "answer":
             gold = kb.by_id[q.gold]
-            docs = _context(kb, [gold], set(), r)
+            docs = context([gold], set(), q)
             out.append(LMExample(ANSWER_SYSTEM, q.question, docs, cited(q.answer, docs, f"{q.gold}.md")))
             if q.kind == "name" and r.random() < 0.15:  # the rewrite leaves a question that needs none as it is
                 out.append(LMExample(REWRITE_SYSTEM, q.question, docs, q.question))
         elif q.label == "search":
-            docs = _context(kb, [kb.by_id[q.related]], {q.gold}, r)
+            docs = context([kb.by_id[q.related]], {q.gold}, q)
             out.append(LMExample(ANSWER_SYSTEM, q.question, docs, REFUSAL))
             out.append(LMExample(REWRITE_SYSTEM, q.question, docs, q.rewrite))
         else:
             own = [d for d in kb.docs if d.entity == q.entity and d.doc_id.startswith("products/")]
-            docs = _context(kb, own or [r.choice(kb.docs)], set(), r)
+            if same_category:  # a product that does not exist gets its category's spec sheets
+                docs = context(own, set(), q)
+            else:
+                docs = context(own or [r.choice(kb.docs)], set(), q)
             out.append(LMExample(ANSWER_SYSTEM, q.question, docs, REFUSAL))
     # Follow-ups: made standalone before retrieval, then answered with the conversation in the prompt.
     for q in questions:
@@ -122,13 +148,14 @@ def synthetic_examples(kb: KnowledgeBase, questions: Sequence[Question], r: rand
         follow_up = r.choice(_FOLLOW_UPS).format(attr=fact.attribute)
         standalone = _CANONICAL.format(attr=fact.attribute, name=product.name)
         out.append(LMExample(REWRITE_SYSTEM, follow_up, (), standalone, conversation))
-        docs = _context(kb, [kb.by_id[fact.doc_id]], set(), r)
+        docs = context([kb.by_id[fact.doc_id]], set(), q)
         out.append(LMExample(ANSWER_SYSTEM, follow_up, docs, cited(fact.value, docs, f"{fact.doc_id}.md"),
                              conversation))
     return out
 
 
-def training_examples(records: Sequence[dict], knowledge_bases: int, seed: int) -> list[LMExample]:
+def training_examples(records: Sequence[dict], knowledge_bases: int, seed: int,
+                      same_category: bool = False) -> list[LMExample]:
     """Real-retrieval examples from `records` plus `knowledge_bases` synthetic ones, shuffled."""
     r = random.Random(seed)
     out = [e for record in records for e in from_record(record)]
@@ -137,6 +164,6 @@ def training_examples(records: Sequence[dict], knowledge_bases: int, seed: int) 
         kb = build_kb(seed=1000 + seed * 100 + i, products=40, stems=stems[:60], ghost_stems=stems[60:],
                       policies=False)
         questions = [q for q in build_questions(kb, seed=i) if q.kind != "world"]
-        out += synthetic_examples(kb, questions, r)
+        out += synthetic_examples(kb, questions, r, same_category)
     r.shuffle(out)
     return out

@@ -61,6 +61,9 @@ class LMConfig:
     seed: int = 0
     device: str | None = None  # default: cuda if available, else cpu
     max_steps: int | None = None  # stop early (smoke runs)
+    # Synthetic negatives mostly of the question's product category, as real retrieval gives them
+    # (`gatehead.demo.tasks._context`). Off in the committed model; tried on (see the README).
+    same_category_negatives: bool = False
 
 
 def build_demo_tokenizer(out_dir: Path, texts: Iterable[str], spec: ModelSpec):

@@ -10,8 +10,9 @@ import pytest
 
 from gatehead.demo import DEMO_DIR
 from gatehead.demo.build import CORPUS_DIR, DATA_DIR, QUESTIONS, generate
-from gatehead.demo.kb import build_kb
-from gatehead.demo.tasks import training_examples
+from gatehead.demo.kb import build_kb, category_of
+from gatehead.demo.questions import build_questions
+from gatehead.demo.tasks import synthetic_examples, training_examples
 
 
 def rows(split: str) -> list[dict]:
@@ -42,6 +43,35 @@ def test_splits_are_by_entity_and_training_never_sees_held_out_documents() -> No
     examples = training_examples(rows("train")[:300], 2, seed=0)
     text = "\n".join(e.question + e.target + "".join(p.text for p in e.passages) for e in examples)
     assert not [name for name in held_out if name in text]
+
+
+def test_same_category_negatives_look_like_real_retrieval() -> None:
+    """With the option on, synthetic prompts hold namesakes of the question's product as real retrieval does."""
+    def share(examples) -> float:
+        prompts = [e for e in examples if len(e.passages) == 3]
+        # Titles of spec sheets and support articles name the product; order-code notices do not.
+        pairs = [len(cats) > len(set(cats)) for e in prompts
+                 for cats in [[c for c in (category_of(p.title.split(":")[0]) for p in e.passages) if c]]]
+        return sum(pairs) / len(prompts)
+
+    default, namesakes = (training_examples([], 2, seed=0, same_category=flag) for flag in (False, True))
+    assert share(default) < 0.2 < 0.4 < share(namesakes)
+    real = share([_as_example(r) for r in rows("test")])
+    assert abs(share(namesakes) - real) < abs(share(default) - real)
+    # A question about a product that does not exist retrieves its category's spec sheets, as real retrieval does.
+    kb = build_kb(seed=7, products=40)
+    ghosts = [q for q in build_questions(kb, seed=0) if q.kind == "ghost"]
+    r = random.Random(0)
+    contexts = [(q, e.passages) for q in ghosts for e in synthetic_examples(kb, [q], r, same_category=True)]
+    assert len(contexts) == len(ghosts)
+    kin = [category_of(p.title) == category_of(q.entity) for q, passages in contexts for p in passages]
+    assert len(kin) == 3 * len(ghosts) and sum(kin) / len(kin) > 0.6
+
+
+def _as_example(row: dict):
+    from gatehead.gate.data import parse_example
+
+    return parse_example(row, row["qid"])
 
 
 def test_committed_labels_hold_against_the_real_retriever(embedder, tmp_path: Path) -> None:
