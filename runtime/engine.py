@@ -223,6 +223,23 @@ class SharedEngine:
         return list(await asyncio.gather(*(self.generate(p, max_tokens=max_tokens, temperature=temperature,
                                                          ignore_eos=ignore_eos) for p in prompts)))
 
+    async def greedy_margins(self, prompt: str | Sequence[int], max_tokens: int
+                             ) -> tuple[tuple[int, ...], tuple[float, ...], tuple[float, ...]]:
+        """Greedy tokens of `prompt`, their logprobs, and each one's lead over the runner-up (the canaries' record)."""
+        from vllm import SamplingParams
+
+        ids = self._check_generation_prompt(prompt)
+        self.check_length(ids, max_tokens)
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=2, detokenize=False)
+        final = await _last(self.llm.generate(_prompt(ids, None), params, request_id=f"canary-{uuid.uuid4().hex}"))
+        completion = final.outputs[0]
+        steps = list(zip(completion.token_ids, completion.logprobs or [], strict=True))
+        logprobs = tuple(entry[token].logprob for token, entry in steps)
+        runner_up = (max((e.logprob for t, e in entry.items() if t != token), default=-math.inf)
+                     for token, entry in steps)
+        margins = tuple(lp - other for lp, other in zip(logprobs, runner_up, strict=True))
+        return tuple(completion.token_ids), logprobs, margins
+
     # ----- gate ---------------------------------------------------------------------------------
 
     def _require_gate(self) -> GateAdapter:
@@ -309,6 +326,19 @@ class SharedEngine:
         if self.adapter is None:
             return {}
         return (await self.llm.collective_rpc("gatehead_memory"))[0]
+
+    async def inject_fault(self, kind: Literal["kv", "branch", "restore"], scale: float = -1.0) -> None:
+        """Fault drills, to show that the canaries and the guard catch a sick engine: never on live traffic.
+
+        "kv" multiplies every KV-cache block of the workers by `scale` (the cached prefixes of every
+        request are corrupted; -1 undoes itself when applied twice, `reset_prefix_cache` drops them);
+        "branch" multiplies the gate head by `scale`; "restore" puts the gate head back as loaded.
+        """
+        if kind not in ("kv", "branch", "restore"):
+            raise ValueError(f"fault kind must be 'kv', 'branch' or 'restore', not {kind!r}")
+        if kind != "kv":
+            self._require_gate()
+        await self.llm.collective_rpc("gatehead_inject_fault", args=(kind, scale))
 
     def shutdown(self) -> None:
         """Stop the engine's processes. The engine object is unusable afterwards."""

@@ -67,6 +67,21 @@ class WorkerExtension:
         """How long the branch took in the steps it ran, in this worker."""
         return self.model_runner.get_model().gatehead.timing.snapshot()
 
+    def gatehead_inject_fault(self, kind: str, scale: float) -> None:
+        """A fault drill in this worker (`SharedEngine.inject_fault`): scale the KV caches or the gate head."""
+        runner = self.model_runner
+        if kind == "kv":
+            for cache in runner.kv_caches:
+                cache.mul_(scale)
+            return
+        branch = runner.get_model().gatehead.branch
+        if not hasattr(self, "gatehead_head_as_loaded"):
+            self.gatehead_head_as_loaded = branch.head.clone()
+        if kind == "branch":
+            branch.head.mul_(scale)
+        else:
+            branch.head.copy_(self.gatehead_head_as_loaded)
+
 
 def plan_step(runner: Any, suffix_len: int) -> tuple[list[Any], set[str]]:
     """This step's gate rows (`GateRow`s) and the ids of the requests the V1 model runner holds."""
