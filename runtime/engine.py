@@ -223,14 +223,15 @@ class SharedEngine:
         return list(await asyncio.gather(*(self.generate(p, max_tokens=max_tokens, temperature=temperature,
                                                          ignore_eos=ignore_eos) for p in prompts)))
 
-    async def greedy_margins(self, prompt: str | Sequence[int], max_tokens: int
+    async def greedy_margins(self, prompt: str | Sequence[int], max_tokens: int, ignore_eos: bool = False
                              ) -> tuple[tuple[int, ...], tuple[float, ...], tuple[float, ...]]:
         """Greedy tokens of `prompt`, their logprobs, and each one's lead over the runner-up (the canaries' record)."""
         from vllm import SamplingParams
 
         ids = self._check_generation_prompt(prompt)
         self.check_length(ids, max_tokens)
-        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=2, detokenize=False)
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=2, detokenize=False,
+                                ignore_eos=ignore_eos)
         final = await _last(self.llm.generate(_prompt(ids, None), params, request_id=f"canary-{uuid.uuid4().hex}"))
         completion = final.outputs[0]
         steps = list(zip(completion.token_ids, completion.logprobs or [], strict=True))
@@ -295,8 +296,9 @@ class SharedEngine:
 
     # ----- engine -------------------------------------------------------------------------------
 
-    async def reset_prefix_cache(self) -> None:
-        await self.llm.reset_prefix_cache()
+    async def reset_prefix_cache(self) -> bool:
+        """Drop every cached prefix; False (nothing dropped) while any KV block is still held by a request."""
+        return bool(await self.llm.reset_prefix_cache())
 
     async def stats(self) -> dict[str, float]:
         """Counters and gauges from vLLM's step stats, KV capacity, request counts, and the branch's time."""

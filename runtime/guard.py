@@ -11,7 +11,7 @@ limits. `guarded` holds a stream's last `window` tokens back until the check cle
 from __future__ import annotations
 
 import unicodedata
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 REASONS = ("repetition", "garbled", "improbable")
@@ -186,10 +186,13 @@ class GuardCounters:
     retries: int = 0
     ended: int = 0
     trips: dict[str, int] | None = None
+    on_trip: Callable[[], None] | None = None  # told of every trip (the server checks its canaries then)
 
     def trip(self, reason: str) -> None:
         self.trips = self.trips or {r: 0 for r in REASONS}
         self.trips[reason] += 1
+        if self.on_trip is not None:
+            self.on_trip()
 
 
 async def guarded(open_stream, config: GuardConfig, counters: GuardCounters, forbidden: Collection[int] = ()):

@@ -64,8 +64,9 @@ class WorkerExtension:
         return self.model_runner.get_model().gatehead.memory_bytes()
 
     def gatehead_branch_timing(self) -> dict[str, float]:
-        """How long the branch took in the steps it ran, in this worker."""
-        return self.model_runner.get_model().gatehead.timing.snapshot()
+        """How long the branch took in the steps it ran, and the gate rows it keeps now, in this worker."""
+        state = self.model_runner.get_model().gatehead
+        return {**state.timing.snapshot(), "branch_rows_kept": state.rows.rows_kept()}
 
     def gatehead_inject_fault(self, kind: str, scale: float) -> None:
         """A fault drill in this worker (`SharedEngine.inject_fault`): scale the KV caches or the gate head."""

@@ -34,6 +34,7 @@ from gatehead.agent.graph import AgentConfig, gate_decision
 from gatehead.gate.policy import Thresholds
 from gatehead.gate.prompt import Passage, Turn
 from gatehead.retrieval.config import StoreConfig
+from gatehead.runtime.canary import Canaries, CanaryConfig
 from gatehead.runtime.engine import GateError
 from gatehead.runtime.guard import DegenerateOutput, GuardConfig, GuardCounters, GuardedEngine
 from gatehead.server.metrics import Metrics
@@ -66,9 +67,12 @@ class ServerConfig:
     kv_cache_bytes: int = 256 << 20
     enforce_eager: bool = True
     max_model_len: int | None = None
+    block_size: int | None = None  # tokens per KV-cache block; default: the platform's (CPU: 128, multiples of 32 only)
+    max_num_batched_tokens: int | None = None  # tokens per engine step; longer prompts are prefilled in chunks
     base_model_name: str | None = None  # the plain-generation model's id; default: the model directory's name
     agent: AgentConfig = field(default_factory=AgentConfig)
     guard: GuardConfig = field(default_factory=GuardConfig)  # the degenerate-output guard on every generation
+    canary: CanaryConfig = field(default_factory=CanaryConfig)  # known-answer requests that watch the engine
 
     def __post_init__(self) -> None:
         if any(not k or k != k.strip() for k in self.api_keys):
@@ -96,6 +100,7 @@ class Runtime:
         self.engine = self.store = self.saver = self.agent = None
         self.generator = None  # the engine as generations see it: behind the guard, unless it is off
         self.guard = GuardCounters()
+        self.canaries: Canaries | None = None
         self.ready = False
         self.draining = False
         self.failed: str | None = None
@@ -117,16 +122,28 @@ class Runtime:
             self.store, default_threads = await asyncio.to_thread(open_agent_store, config.store, log.info)
             self.engine = await asyncio.to_thread(SharedEngine, EngineConfig(
                 model=config.model, adapter=config.adapter, enforce_eager=config.enforce_eager,
-                kv_cache_memory_bytes=config.kv_cache_bytes, max_model_len=config.max_model_len))
+                kv_cache_memory_bytes=config.kv_cache_bytes, max_model_len=config.max_model_len,
+                block_size=config.block_size, max_num_batched_tokens=config.max_num_batched_tokens))
             self.saver = await self._stack.enter_async_context(open_checkpointer(config.threads or default_threads))
             self.generator = GuardedEngine(self.engine, config.guard, self.guard)
             self.agent = Agent(self.generator, self.store, config.agent, self.saver)
             await self.engine.generate([self.engine.tokenizer.eos_token_id], max_tokens=1)  # warm-up
+            if config.canary.enabled:
+                self.canaries = Canaries(self.engine, config.canary)
+                await self.canaries.record()
+                self.guard.on_trip = self.canaries.poke
+                watcher = asyncio.create_task(self.canaries.watch())
+                self._stack.push_async_callback(_cancelled, watcher)
             self.ready = True
             log.info("gatehead is ready")
         except Exception as exc:  # noqa: BLE001 - reported by /readyz and /livez; the process stays inspectable
             self.failed = f"{type(exc).__name__}: {exc}"
             log.exception("gatehead failed to start")
+
+    def trouble(self) -> None:
+        """An error a request met that a sick engine could cause: check the canaries now."""
+        if self.canaries is not None:
+            self.canaries.poke()
 
     async def stop(self) -> None:
         self.ready = False
@@ -135,6 +152,12 @@ class Runtime:
             await asyncio.to_thread(self.engine.shutdown)
         if self.store is not None:
             self.store.close()
+
+
+async def _cancelled(task: asyncio.Task) -> None:
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
 
 
 # ----- request bodies ---------------------------------------------------------------------------
@@ -278,6 +301,7 @@ def create_app(config: ServerConfig) -> FastAPI:
 
     @app.exception_handler(GateError)
     async def gate_failed(request: Request, exc: GateError) -> JSONResponse:
+        runtime.trouble()
         return error_response(500, f"the gate failed: {exc}", "gate_error")
 
     @app.exception_handler(DegenerateOutput)
@@ -394,6 +418,9 @@ def create_app(config: ServerConfig) -> FastAPI:
         except Exception:  # noqa: BLE001 - any dependency failing makes the service unready
             log.exception("readiness check failed: %s", part)
             return JSONResponse({"status": "unready", "unreachable": part}, 503)
+        if runtime.canaries is not None and not runtime.canaries.healthy:  # the diffs are in the log
+            failing = sorted(m.canary for m in runtime.canaries.state.last)
+            return JSONResponse({"status": "unready", "canaries": failing}, 503)
         return JSONResponse({"status": "ready"})
 
     @app.get("/metrics")
@@ -401,6 +428,8 @@ def create_app(config: ServerConfig) -> FastAPI:
         if runtime.ready and runtime.engine is not None and runtime.engine.alive:
             metrics.engine(await runtime.engine.stats())
         metrics.guard(runtime.guard)
+        if runtime.canaries is not None:
+            metrics.canaries(runtime.canaries.state)
         return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
 
     # ----- gate ----------------------------------------------------------------------------------
@@ -574,6 +603,8 @@ class Guard:
             route = path if path in _ROUTES else "/v1/agent/threads" if path.startswith("/v1/agent/threads/") \
                 else "other"
             self.metrics.request(route, status[0], time.perf_counter() - started)
+            if status[0] == 500:  # an unexpected failure: a sick engine is one cause the canaries can rule out
+                self.runtime.trouble()
 
     async def _guarded(self, scope, receive, send) -> None:
         path, runtime, config = scope["path"], self.runtime, self.config
@@ -746,6 +777,7 @@ async def _agent_sse(runtime: Runtime, metrics: Metrics, message: str, key: str,
         yield _sse("degenerate_output", {"message": str(exc), "reason": exc.trip.reason, "code": 502})
     except Exception as exc:  # noqa: BLE001 - the stream has started: the error is an event, then the end
         log.exception("agent stream failed")
+        runtime.trouble()
         yield _sse("error", {"message": f"{type(exc).__name__}: {exc}", "code": 500})
 
 
@@ -773,6 +805,7 @@ async def _openai_agent_sse(runtime: Runtime, metrics: Metrics, model: str, comp
         yield _error_chunk(str(exc), "degenerate_output", 502)
     except Exception as exc:  # noqa: BLE001 - the stream has started: the error is a chunk
         log.exception("completion stream failed")
+        runtime.trouble()
         yield _error_chunk(f"{type(exc).__name__}: {exc}", "server_error", 500)
     finally:
         with anyio.CancelScope(shield=True):  # a gone client's stream is cancelled: the delete must still run
@@ -801,6 +834,7 @@ async def _openai_plain_sse(runtime: Runtime, metrics: Metrics, model: str, comp
         return
     except Exception as exc:  # noqa: BLE001 - the stream has started: the error is a chunk
         log.exception("completion stream failed")
+        runtime.trouble()
         yield _error_chunk(f"{type(exc).__name__}: {exc}", "server_error", 500)
         return
     yield _chunk(completion_id, model, {}, _finish(finish))

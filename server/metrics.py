@@ -47,6 +47,12 @@ class Metrics:
         for reason in REASONS:  # every reason shows, at 0 until it trips
             self.degenerate.labels(reason)
         self._guard_seen: dict[str, int] = {}
+        self.canary_checks = Counter("gatehead_canary_checks", "canary checks run", registry=registry)
+        self.canary_failed = Counter("gatehead_canary_failed_checks", "canary checks where a canary did not match "
+                                     "its recording", registry=registry)
+        self.canary_consecutive = Gauge("gatehead_canary_consecutive_failures", "failed canary checks in a row "
+                                        "(the service is unready at the configured count)", registry=registry)
+        self._canary_seen = (0, 0)
         self.engine_gauges = {name: Gauge(f"gatehead_engine_{name}", help_text, registry=registry)
                               for name, help_text in _ENGINE.items()}
 
@@ -76,6 +82,14 @@ class Metrics:
                 else:
                     (self.guard_retries if key == "retries" else self.guard_ended).inc(delta)
             self._guard_seen[key] = value
+
+    def canaries(self, state) -> None:
+        """Bring the canary counters up to date from `gatehead.runtime.canary.CanaryState`."""
+        checks, failed = self._canary_seen
+        self.canary_checks.inc(state.checks - checks)
+        self.canary_failed.inc(state.failed_checks - failed)
+        self._canary_seen = (state.checks, state.failed_checks)
+        self.canary_consecutive.set(state.consecutive)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
