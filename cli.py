@@ -378,6 +378,24 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, help="context window (default: the model's)")
 
 
+def _engine_args(args: argparse.Namespace) -> dict:
+    """`--tensor-parallel-size` and every `--engine-arg NAME=VALUE` as vLLM engine arguments."""
+    import json
+
+    out: dict = {"tensor_parallel_size": args.tensor_parallel_size} if args.tensor_parallel_size != 1 else {}
+    for item in args.engine_arg or ():
+        name, sep, value = item.partition("=")
+        if not sep or not name.isidentifier():
+            raise SystemExit(f"--engine-arg takes NAME=VALUE with NAME a vLLM engine argument, got {item!r}")
+        try:
+            out[name] = json.loads(value)
+        except json.JSONDecodeError:
+            out[name] = value
+    if args.tensor_parallel_size < 1:
+        raise SystemExit(f"--tensor-parallel-size must be >= 1, got {args.tensor_parallel_size}")
+    return out
+
+
 def _serve(args: argparse.Namespace) -> int:
     import logging
 
@@ -395,7 +413,7 @@ def _serve(args: argparse.Namespace) -> int:
         cors_origins=tuple(args.cors_origin or ()), max_body_bytes=args.max_body, max_inflight=args.max_inflight,
         request_timeout=args.timeout, drain_seconds=args.drain_seconds, kv_cache_bytes=args.kv_mb << 20,
         enforce_eager=not args.compile, max_model_len=args.max_model_len, block_size=args.block_size,
-        max_num_batched_tokens=args.max_batched_tokens,
+        max_num_batched_tokens=args.max_batched_tokens, engine_args=_engine_args(args),
         agent=AgentConfig(top_k=args.top_k, max_searches=args.max_searches, max_answer_tokens=args.max_tokens),
         guard=GuardConfig(window=args.guard_window, improbable_logprob=args.guard_improbable_logprob,
                           improbable_run=args.guard_improbable_run, enabled=not args.no_guard),
@@ -651,6 +669,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int, help="tokens per KV-cache block (default: vLLM's for the platform)")
     p.add_argument("--max-batched-tokens", type=int,
                    help="tokens per engine step; longer prompts are prefilled in chunks (default: vLLM's)")
+    p.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs the engine shards the model over")
+    p.add_argument("--engine-arg", action="append", metavar="NAME=VALUE",
+                   help="another vLLM engine argument, VALUE as JSON or a plain string (repeatable), e.g. "
+                        "distributed_executor_backend=ray for several nodes")
     p.add_argument("--no-guard", action="store_true", help="turn the degenerate-output guard off")
     p.add_argument("--guard-window", type=int, default=32,
                    help="tokens a stream holds back until the guard clears them (default 32)")

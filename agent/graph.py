@@ -331,7 +331,8 @@ class Agent:
     """Threads over the compiled graph: `ask`, `stream`, `resume`, `history`.
 
     A turn's state is checkpointed after every node (durability "sync"), so a turn cut short by a
-    crash is finished by `resume` (or by the thread's next `ask`) without redoing finished nodes.
+    crash is finished by `resume` (or by the thread's next `ask`) without redoing finished nodes; the
+    same question asked again is that turn's retry and finishes it instead of starting another.
     """
 
     def __init__(self, engine, store: Retriever, config: AgentConfig = AgentConfig(), checkpointer=None) -> None:
@@ -363,11 +364,16 @@ class Agent:
             raise ValueError(f"max_answer_tokens must be >= 1, got {max_answer_tokens}")
         thread_id = thread_id or uuid.uuid4().hex
         context = TurnContext(cache_salt, max_answer_tokens)
-        if (await self.graph.aget_state(self._config(thread_id))).next:
-            async for event in self._run(None, thread_id, TurnContext(cache_salt)):  # an interrupted turn first
-                if event.kind in ("final", "token"):  # its answer is not this turn's
-                    continue
-                yield event
+        pending = await self.graph.aget_state(self._config(thread_id))
+        if pending.next:  # an interrupted turn (its process died) is finished first
+            # Asked again, it is a retry (a client or load balancer resending to another replica):
+            # finishing it is this turn, not a second one.
+            retry = history is None and pending.values.get("question") == question
+            async for event in self._run(None, thread_id, context if retry else TurnContext(cache_salt)):
+                if retry or event.kind not in ("final", "token"):  # else its answer is not this turn's
+                    yield event
+            if retry:
+                return
         graph_input: dict = {"question": question}
         if history is not None:
             graph_input["history"] = [{"role": t.role, "text": t.text} for t in history]

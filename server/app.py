@@ -69,6 +69,7 @@ class ServerConfig:
     max_model_len: int | None = None
     block_size: int | None = None  # tokens per KV-cache block; default: the platform's (CPU: 128, multiples of 32 only)
     max_num_batched_tokens: int | None = None  # tokens per engine step; longer prompts are prefilled in chunks
+    engine_args: dict[str, Any] = field(default_factory=dict)  # more vLLM engine arguments (tensor_parallel_size...)
     base_model_name: str | None = None  # the plain-generation model's id; default: the model directory's name
     agent: AgentConfig = field(default_factory=AgentConfig)
     guard: GuardConfig = field(default_factory=GuardConfig)  # the degenerate-output guard on every generation
@@ -123,7 +124,8 @@ class Runtime:
             self.engine = await asyncio.to_thread(SharedEngine, EngineConfig(
                 model=config.model, adapter=config.adapter, enforce_eager=config.enforce_eager,
                 kv_cache_memory_bytes=config.kv_cache_bytes, max_model_len=config.max_model_len,
-                block_size=config.block_size, max_num_batched_tokens=config.max_num_batched_tokens))
+                block_size=config.block_size, max_num_batched_tokens=config.max_num_batched_tokens,
+                extra=dict(config.engine_args)))
             self.saver = await self._stack.enter_async_context(open_checkpointer(config.threads or default_threads))
             self.generator = GuardedEngine(self.engine, config.guard, self.guard)
             self.agent = Agent(self.generator, self.store, config.agent, self.saver)

@@ -165,3 +165,21 @@ def test_serve_takes_every_option_from_the_environment_flags_win(monkeypatch) ->
     monkeypatch.setenv("GATEHEAD_STORE", "/data/qdrant")
     result = run("serve", env=dict(os.environ))
     assert result.returncode == 2 and "not both" in result.stderr
+
+
+def test_serve_passes_engine_arguments_through() -> None:
+    import pytest
+
+    from gatehead.cli import _engine_args, build_parser
+
+    def engine_args(*flags: str) -> dict:
+        return _engine_args(build_parser().parse_args(["serve", *flags]))
+
+    assert engine_args() == {}
+    flags = ["--tensor-parallel-size", "2", "--engine-arg", "distributed_executor_backend=ray",
+             "--engine-arg", "max_num_seqs=64", "--engine-arg", 'override_generation_config={"top_k": 5}']
+    assert engine_args(*flags) == {"tensor_parallel_size": 2, "distributed_executor_backend": "ray",
+                                   "max_num_seqs": 64, "override_generation_config": {"top_k": 5}}
+    for bad in (["--engine-arg", "max_num_seqs"], ["--engine-arg", "not a name=1"], ["--tensor-parallel-size", "0"]):
+        with pytest.raises(SystemExit, match="engine-arg|tensor-parallel-size"):
+            engine_args(*bad)

@@ -68,12 +68,20 @@ def test_images_run_gatehead_serve_configured_by_variables_it_reads() -> None:
         assert env and env <= known, (name, env - known)
     compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
     services = compose["services"]
-    assert set(services["gatehead"]["environment"]) <= known
-    assert "/readyz" in " ".join(services["gatehead"]["healthcheck"]["test"])
-    assert all("healthcheck" in services[name] for name in ("qdrant", "postgres", "gatehead"))
+    replicas = [name for name in services if name.startswith("gatehead-")]
+    assert len(replicas) >= 2  # behind the balancer, sharing Qdrant and PostgreSQL
+    for name in replicas:
+        assert set(services[name]["environment"]) <= known
+        assert "/readyz" in " ".join(services[name]["healthcheck"]["test"])
+        assert services[name]["environment"]["GATEHEAD_THREADS"].startswith("postgresql://")
+        assert services[name]["environment"]["GATEHEAD_URL"] == "http://qdrant:6333"
+    assert len({services[name]["volumes"][0] for name in replicas}) == len(replicas)  # no shared embedded state
+    assert all("healthcheck" in services[name] for name in ("qdrant", "postgres", "balancer", *replicas))
+    nginx = (DOCKER / "nginx.conf").read_text()
+    assert all(f"server {name}:8000" in nginx for name in replicas)
+    assert set(services["balancer"]["depends_on"]) == set(replicas)
     ingest = services["ingest"]
     build_parser().parse_args([ingest["entrypoint"][1], *ingest["command"]])  # flags `gatehead ingest` takes
-    assert services["gatehead"]["environment"]["GATEHEAD_THREADS"].startswith("postgresql://")
 
 
 @pytest.mark.parametrize("part", ["gatehead/demo/model/config.json", "gatehead/demo/adapter/adapter_config.json",

@@ -526,3 +526,57 @@ def test_sigterm_drains_then_a_restart_continues_the_thread(server: Server, work
         assert again.client.get("/livez").status_code == 503  # an orchestrator restarts the process
     finally:
         again.stop()
+
+
+def test_two_replicas_share_threads_through_postgres_and_one_finishes_the_others_killed_turn(
+        tmp_path_factory) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    import pgserver  # a real PostgreSQL server in a temp dir (dev extra)
+
+    pg = pgserver.get_server(tmp_path_factory.mktemp("pg"), cleanup_mode="stop")
+    # Each replica in its own folder, with its own copy of the embedded index; canaries only after errors,
+    # so every gate a replica runs here is the test's.
+    dirs = [tmp_path_factory.mktemp(f"replica-{name}") for name in "ab"]
+    with ThreadPoolExecutor(2) as pool:
+        starting = [pool.submit(Server, d, "--threads", pg.get_uri(), "--canary-interval", "0") for d in dirs]
+    failed = [f.exception() for f in starting if f.exception() is not None]
+    if failed:
+        for f in starting:
+            if f.exception() is None:
+                f.result().stop()
+        pg.cleanup()
+        raise failed[0]
+    a, b = (f.result() for f in starting)
+    try:
+        first = a.post("/v1/agent/chat", {"message": ROWAN, "thread_id": "shared"}).json()
+        follow = b.post("/v1/agent/chat", {"message": "And its warranty?", "thread_id": "shared"}).json()
+        assert first["answer"] == "€354 [1]"
+        assert follow["queries"] == ["What is the warranty of the Rowan Lantern?"] and follow["answer"] == "4 years [1]"
+        history = a.client.get("/v1/agent/threads/shared", headers=AUTH).json()["turns"]
+        assert [m["text"] for m in history] == [ROWAN, "€354 [1]", "And its warranty?", "4 years [1]"]
+
+        # A turn that searches: killed on A once its first gate is checkpointed, retried on B.
+        question = "What is the price of the BS-370?"
+        with a.client.stream("POST", "/v1/agent/chat", json={"message": question, "thread_id": "cut",
+                                                             "stream": True}, headers=AUTH) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: ") and json.loads(line[6:]).get("node") == "gate":
+                    os.killpg(a.process.pid, signal.SIGKILL)
+                    break
+        assert a.process.wait(30) == -signal.SIGKILL
+        assert b.client.get("/v1/agent/threads/cut", headers=AUTH).status_code == 404  # no finished turn yet
+        gates_before = engine_gauge(b, "gate_requests")
+        retried = b.post("/v1/agent/chat", {"message": question, "thread_id": "cut"}).json()
+        assert engine_gauge(b, "gate_requests") - gates_before == 1  # the first gate was not run again
+        fresh = b.post("/v1/agent/chat", {"message": question, "thread_id": "uncut"}).json()
+        for key in ("answer", "decision", "queries", "sources"):
+            assert retried[key] == fresh[key], key
+        assert [g["decision"] for g in retried["gates"]] == ["search", "answer"]
+        cut = b.client.get("/v1/agent/threads/cut", headers=AUTH).json()["turns"]
+        assert [m["text"] for m in cut] == [question, fresh["answer"]]  # one turn: the retry finished it
+    finally:
+        a.stop()
+        b.stop()
+        pg.cleanup()
+
