@@ -11,6 +11,12 @@ temperature 0.8, each with its token ids, text and sampled-token logprobs, check
 - script soup: Latin letters of two appended words swapped for Cyrillic look-alikes;
 - improbable: 12 random vocabulary tokens appended, each with the logprob the model itself gives
   it in that place (scored by the engine: prompt + answer + the tokens as one prompt).
+Faults made inside the engine (`--engine-faults N`, the first N questions): each prompt is answered
+once (its blocks now in the prefix cache), then the engine's KV cache is corrupted with the fault
+drill (`SharedEngine.inject_fault`) and the prompts answered again, reading the corrupted blocks:
+- kv_zeroed: every cached block zeroed, as a block read before it was written;
+- kv_negated: every cached block's keys and values negated.
+Only answers that changed count as faulty; the guard checks them as it checks a stream.
 Prints one JSON object: per set, how many outputs and how many tripped, by reason.
 """
 
@@ -62,7 +68,30 @@ async def scored(engine, prompt_ids, answer_ids, extra) -> list[float]:
     return [entry[token].logprob for entry, token in zip(entries, extra, strict=True)]
 
 
-async def run(limit: int | None, config: GuardConfig) -> dict:
+async def engine_faults(engine, prompts, config: GuardConfig) -> dict:
+    """The kv_zeroed and kv_negated sets (module docstring)."""
+    tokenizer, forbidden = engine.tokenizer, engine.gate_reserved
+    results = {}
+    for name, scale in (("kv_zeroed", 0.0), ("kv_negated", -1.0)):
+        await engine.reset_prefix_cache()
+        clean = await generate(engine, prompts, 0.0)  # their prompts' blocks are now cached
+        await engine.inject_fault("kv", scale)
+        try:
+            faulty = await generate(engine, prompts, 0.0)
+        finally:
+            if scale != 0.0:
+                await engine.inject_fault("kv", 1.0 / scale)
+            assert await engine.reset_prefix_cache(), "blocks still held after the drill"
+        changed = [f for c, f in zip(clean, faulty, strict=True) if f.token_ids != c.token_ids]
+        trips = Counter(stream_check(config, f.token_ids, f.text, f.logprobs, tokenizer, forbidden) for f in changed)
+        results[f"engine_{name}"] = {"outputs": len(prompts), "changed": len(changed),
+                                     "detected": len(changed) - trips[None],
+                                     "by_reason": {k: v for k, v in trips.items() if k},
+                                     "examples": [f.text[:80] for f in changed[:5]]}
+    return results
+
+
+async def run(limit: int | None, config: GuardConfig, engine_fault_count: int = 0) -> dict:
     from gatehead.demo import ADAPTER_DIR, MODEL_DIR
     from gatehead.demo.build import held_out_examples
     from gatehead.runtime.engine import EngineConfig, SharedEngine
@@ -111,6 +140,10 @@ async def run(limit: int | None, config: GuardConfig) -> dict:
             results[f"fault_{name}"] = {"outputs": sum(trips.values()), "detected": sum(trips.values()) - trips[None],
                                         "by_reason": {k: v for k, v in trips.items() if k}}
         results["generation_seconds"] = round(generation_s, 1)
+        if engine_fault_count:
+            drilled = [engine.prompts.build(e.question, e.passages)
+                       for e in held_out_examples(("train", "val", "test"))[:engine_fault_count]]
+            results.update(await engine_faults(engine, drilled, config))
         return results
     finally:
         engine.shutdown()
@@ -122,10 +155,12 @@ def main() -> None:
     parser.add_argument("--limit", type=int, help="the first N labelled questions only")
     parser.add_argument("--out", type=Path)
     parser.add_argument("--improbable-logprob", type=float, default=GuardConfig.improbable_logprob)
+    parser.add_argument("--engine-faults", type=int, default=300,
+                        help="questions answered again after the KV cache is corrupted (0: none)")
     args = parser.parse_args()
     config = GuardConfig(improbable_logprob=args.improbable_logprob)
     results = {"guard": {"improbable_logprob": config.improbable_logprob, "improbable_run": config.improbable_run},
-               **asyncio.run(run(args.limit, config))}
+               **asyncio.run(run(args.limit, config, args.engine_faults))}
     text = json.dumps(results, indent=2, ensure_ascii=False)
     print(text)
     if args.out:

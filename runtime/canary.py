@@ -131,10 +131,11 @@ class Canaries:
 
     def __init__(self, engine, config: CanaryConfig = CanaryConfig(),
                  canaries: Sequence[Canary] = DEFAULT_CANARIES) -> None:
+        if engine.adapter is None:
+            raise ValueError("canaries watch a shared engine: start it with a gate adapter")
         if len({c.name for c in canaries}) != len(canaries):
             raise ValueError("canary names must be unique")
-        self.engine, self.config = engine, config
-        self.canaries = [c for c in canaries if c.kind == "generation" or engine.adapter is not None]
+        self.engine, self.config, self.canaries = engine, config, list(canaries)
         self.records: dict[str, GateRecord | GenerationRecord] = {}
         self.state = CanaryState()
         self._wake = asyncio.Event()

@@ -556,12 +556,13 @@ def test_two_replicas_share_threads_through_postgres_and_one_finishes_the_others
         history = a.client.get("/v1/agent/threads/shared", headers=AUTH).json()["turns"]
         assert [m["text"] for m in history] == [ROWAN, "€354 [1]", "And its warranty?", "4 years [1]"]
 
-        # A turn that searches: killed on A once its first gate is checkpointed, retried on B.
+        # A turn that searches: killed on A once its first gate is checkpointed (the rewrite after it has
+        # run), retried on B.
         question = "What is the price of the BS-370?"
         with a.client.stream("POST", "/v1/agent/chat", json={"message": question, "thread_id": "cut",
                                                              "stream": True}, headers=AUTH) as response:
             for line in response.iter_lines():
-                if line.startswith("data: ") and json.loads(line[6:]).get("node") == "gate":
+                if line.startswith("data: ") and json.loads(line[6:]).get("node") == "rewrite":
                     os.killpg(a.process.pid, signal.SIGKILL)
                     break
         assert a.process.wait(30) == -signal.SIGKILL
