@@ -33,16 +33,18 @@ def test_canaries_catch_a_corrupted_branch_weight_and_kv_cache(demo_shared, loop
         loop.run(demo_shared.inject_fault("restore"))
     assert loop.run(canaries.check()) == [] and canaries.healthy and canaries.state.consecutive == 0
 
-    try:
-        loop.run(demo_shared.inject_fault("kv", -1.0))  # every cached block's keys and values negated
-        mismatches = loop.run(canaries.check())
-        assert {m.canary for m in mismatches} == {"generation-kettle", "generation-ferry"}
-        assert all("greedy tokens differ" in m.diff or "logprobs" in m.diff for m in mismatches)
-    finally:
-        loop.run(demo_shared.inject_fault("kv", -1.0))
-        loop.run(demo_shared.reset_prefix_cache())
+    # Every cached block's keys and values negated, then zeroed (a block read before it was written).
+    for scale in (-1.0, 0.0):
+        assert loop.run(canaries.check()) == []  # the canaries' prompts are cached again
+        try:
+            loop.run(demo_shared.inject_fault("kv", scale))
+            mismatches = loop.run(canaries.check())
+            assert {m.canary for m in mismatches} == {"generation-kettle", "generation-ferry"}, scale
+            assert all("greedy tokens differ" in m.diff or "logprobs" in m.diff for m in mismatches)
+        finally:
+            assert loop.run(demo_shared.reset_prefix_cache())  # the corrupted blocks are dropped
     assert loop.run(canaries.check()) == []
-    assert canaries.state.failed_checks == 4 and canaries.state.checks == 8
+    assert canaries.state.failed_checks == 5 and canaries.state.checks == 11
 
 
 def test_canary_config_refuses_bad_values() -> None:
