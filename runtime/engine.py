@@ -338,8 +338,7 @@ class SharedEngine:
         """
         if kind not in ("kv", "branch", "restore"):
             raise ValueError(f"fault kind must be 'kv', 'branch' or 'restore', not {kind!r}")
-        if kind != "kv":
-            self._require_gate()
+        self._require_gate()  # the drill lives in gatehead's worker extension, loaded with the gate
         await self.llm.collective_rpc("gatehead_inject_fault", args=(kind, scale))
 
     def shutdown(self) -> None:
