@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -529,24 +533,51 @@ def test_sigterm_drains_then_a_restart_continues_the_thread(server: Server, work
         again.stop()
 
 
+@contextlib.contextmanager
+def loopback_postgres() -> Iterator[str]:
+    """A private PostgreSQL cluster (Debian's server binaries) in a temp dir, on a free loopback port: its URL."""
+    binaries = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))
+    assert binaries, "PostgreSQL's server binaries are not under /usr/lib/postgresql (Debian's postgresql package)"
+    pg_ctl = binaries[-1]
+    as_postgres = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []  # initdb refuses root
+    folder = Path(tempfile.mkdtemp(prefix="gatehead-pg-"))
+    if as_postgres:
+        shutil.chown(folder, "postgres")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    data = folder / "data"
+    subprocess.run([*as_postgres, str(pg_ctl.parent / "initdb"), "-D", str(data), "-U", "gatehead", "--auth=trust"],
+                   check=True, capture_output=True, timeout=120)
+    subprocess.run([*as_postgres, str(pg_ctl), "-D", str(data), "-w", "-l", str(folder / "log"), "-o",
+                    f"-h 127.0.0.1 -p {port} -k {folder}", "start"], check=True, capture_output=True, timeout=120)
+    try:
+        yield f"postgresql://gatehead@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run([*as_postgres, str(pg_ctl), "-D", str(data), "-m", "immediate", "stop"], capture_output=True,
+                       timeout=120)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def test_two_replicas_share_threads_through_postgres_and_one_finishes_the_others_killed_turn(
         tmp_path_factory) -> None:
+    with loopback_postgres() as url:
+        two_replicas(url, tmp_path_factory)
+
+
+def two_replicas(url: str, tmp_path_factory) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    import pgserver  # a real PostgreSQL server in a temp dir (dev extra)
-
-    pg = pgserver.get_server(tmp_path_factory.mktemp("pg"), cleanup_mode="stop")
     # Each replica in its own folder, with its own copy of the embedded index; canaries only after errors,
     # so every gate a replica runs here is the test's.
     dirs = [tmp_path_factory.mktemp(f"replica-{name}") for name in "ab"]
     with ThreadPoolExecutor(2) as pool:
-        starting = [pool.submit(Server, d, "--threads", pg.get_uri(), "--canary-interval", "0") for d in dirs]
+        starting = [pool.submit(Server, d, "--threads", url, "--canary-interval", "0") for d in dirs]
     failed = [f.exception() for f in starting if f.exception() is not None]
     if failed:
         for f in starting:
             if f.exception() is None:
                 f.result().stop()
-        pg.cleanup()
         raise failed[0]
     a, b = (f.result() for f in starting)
     try:
@@ -580,5 +611,4 @@ def test_two_replicas_share_threads_through_postgres_and_one_finishes_the_others
     finally:
         a.stop()
         b.stop()
-        pg.cleanup()
 
