@@ -315,6 +315,11 @@ class SharedEngine:
         return self.kv_blocks * int(self.llm.vllm_config.cache_config.block_size)
 
     @property
+    def unfinished_requests(self) -> int:
+        """Requests submitted to the engine and not yet finished or aborted."""
+        return int(self.llm.get_num_unfinished_requests())
+
+    @property
     def alive(self) -> bool:
         """False once vLLM's engine core has died; every waiting and later call then raises EngineDeadError."""
         return not self.llm.errored
