@@ -382,6 +382,8 @@ def _engine_args(args: argparse.Namespace) -> dict:
     """`--tensor-parallel-size` and every `--engine-arg NAME=VALUE` as vLLM engine arguments."""
     import json
 
+    if args.tensor_parallel_size < 1:
+        raise SystemExit(f"--tensor-parallel-size must be >= 1, got {args.tensor_parallel_size}")
     out: dict = {"tensor_parallel_size": args.tensor_parallel_size} if args.tensor_parallel_size != 1 else {}
     for item in args.engine_arg or ():
         name, sep, value = item.partition("=")
@@ -391,8 +393,6 @@ def _engine_args(args: argparse.Namespace) -> dict:
             out[name] = json.loads(value)
         except json.JSONDecodeError:
             out[name] = value
-    if args.tensor_parallel_size < 1:
-        raise SystemExit(f"--tensor-parallel-size must be >= 1, got {args.tensor_parallel_size}")
     return out
 
 

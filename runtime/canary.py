@@ -189,19 +189,23 @@ class Canaries:
         results = await asyncio.gather(*(self._run(c) for c in recorded))
         mismatches = [m for c, r in zip(recorded, results, strict=True)
                       if (m := self._compare(c.name, r)) is not None]
+        self._counted(mismatches)
+        for m in mismatches:
+            log.error("canary mismatch (%d in a row): %s: %s", self.state.consecutive, m.canary, m.diff)
+        return mismatches
+
+    def _counted(self, mismatches: list[Mismatch], failed: bool = False) -> None:
+        """One check in the state: failed when it had mismatches or could not run (`failed`)."""
         self.state.checks += 1
         self.state.last = mismatches
-        if mismatches:
+        if mismatches or failed:
             self.state.failed_checks += 1
             self.state.consecutive += 1
-            for m in mismatches:
-                log.error("canary mismatch (%d in a row): %s: %s", self.state.consecutive, m.canary, m.diff)
             self._wake.set()  # check again soon: a fault shows in consecutive checks, a fluke does not
         else:
             if not self.healthy:
                 log.warning("canaries match again after %d failed checks", self.state.consecutive)
             self.state.consecutive = 0
-        return mismatches
 
     def _compare(self, name: str, result) -> Mismatch | None:
         record = self.records[name]
@@ -241,9 +245,7 @@ class Canaries:
                 raise
             except Exception:  # noqa: BLE001 - a canary that cannot run is a failed check, not a dead watcher
                 log.exception("canary check could not run")
-                self.state.checks += 1
-                self.state.failed_checks += 1
-                self.state.consecutive += 1
+                self._counted([], failed=True)
             await asyncio.sleep(1.0)  # pokes that came during the check are served by the next one
 
 
