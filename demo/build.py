@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import time
@@ -85,29 +86,40 @@ def train_model(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, smoke: bool
     if smoke:
         config = replace(config, knowledge_bases=2, max_steps=20)
     records = _read_jsonl(data_dir / "train.jsonl")[:40 if smoke else None]
-    examples = training_examples(records, config.knowledge_bases, SEED, config.same_category_negatives)
+    examples = training_examples(records, config.knowledge_bases, config.data_seed, config.same_category_negatives)
     model_dir = out_dir / "model"
     if model_dir.exists():
         shutil.rmtree(model_dir)
     model_dir.mkdir(parents=True)
-    # The tokenizer sees training text only: held-out names are split into pieces, as a user's would be.
-    if spec.tokenizer_corpus == "real":
-        from gatehead.demo.tasks import from_record
+    if config.init_from:  # continue a trained model: its tokenizer, its shape, its weights
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        seen = [e for record in records for e in from_record(record)]
+        source = Path(config.init_from)
+        for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+            shutil.copy(source / name, model_dir / name)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        data = encode(examples, tokenizer, spec.max_position, processes=min(16, os.cpu_count() or 1))
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
     else:
-        seen = examples
-    texts = [e.question for e in seen] + [e.target for e in seen]
-    texts += [p.text for e in seen[:5000] for p in e.passages] + [e.system for e in examples[:10]]
-    tokenizer = build_demo_tokenizer(model_dir, texts, spec)
-    data = encode(examples, tokenizer, spec.max_position)
-    torch.manual_seed(SEED)
-    model = new_model(spec, tokenizer)
+        # The tokenizer sees training text only: held-out names are split into pieces, as a user's would be.
+        if spec.tokenizer_corpus == "real":
+            from gatehead.demo.tasks import from_record
+
+            seen = [e for record in records for e in from_record(record)]
+        else:
+            seen = examples
+        texts = [e.question for e in seen] + [e.target for e in seen]
+        texts += [p.text for e in seen[:5000] for p in e.passages] + [e.system for e in examples[:10]]
+        tokenizer = build_demo_tokenizer(model_dir, texts, spec)
+        data = encode(examples, tokenizer, spec.max_position, processes=min(16, os.cpu_count() or 1))
+        torch.manual_seed(SEED)
+        model = new_model(spec, tokenizer)
     log = train_lm(model, data, tokenizer.pad_token_id, config)
     model.to("cpu", dtype=torch.bfloat16).save_pretrained(model_dir, max_shard_size="15MB")
     report = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
               "torch": torch.__version__, "seconds": round(time.time() - started, 1), "model": asdict(spec),
-              "config": asdict(config), "examples": len(examples), "real_records": len(records), "log": log}
+              "config": asdict(config), "steps": log[-1]["step"] if log else 0, "examples": len(examples),
+              "real_records": len(records), "log": log}
     (model_dir / "training.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
 

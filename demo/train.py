@@ -61,9 +61,19 @@ class LMConfig:
     seed: int = 0
     device: str | None = None  # default: cuda if available, else cpu
     max_steps: int | None = None  # stop early (smoke runs)
+    # Train for about this many seconds: the step count is fixed from the rate of steps 50-150, before
+    # warm-up ends, so the run equals one given that count as max_steps (training.json records it).
+    seconds: float | None = None
+    # Continue training this model directory (its tokenizer and shape) instead of a new model.
+    init_from: str | None = None
+    data_seed: int = 0  # seed of the synthetic knowledge bases and of the examples' order
     # Synthetic negatives mostly of the question's product category, as real retrieval gives them
     # (`gatehead.demo.tasks._context`). Off in the committed model; tried on (see the README).
     same_category_negatives: bool = False
+
+    def __post_init__(self) -> None:
+        if self.seconds is not None and self.warmup_steps < 150:
+            raise ValueError("LMConfig.seconds needs warmup_steps >= 150: the step count is fixed during warm-up")
 
 
 def build_demo_tokenizer(out_dir: Path, texts: Iterable[str], spec: ModelSpec):
@@ -72,8 +82,20 @@ def build_demo_tokenizer(out_dir: Path, texts: Iterable[str], spec: ModelSpec):
     return build_tokenizer(out_dir, spec.vocab_size, texts, split_digits=spec.split_digits)
 
 
-def encode(examples: Sequence[LMExample], tokenizer, max_context: int) -> list[tuple[list[int], int]]:
-    """(ids, reply start) per example: the answer prompt, then the reply and the end-of-turn token."""
+def encode(examples: Sequence[LMExample], tokenizer, max_context: int, processes: int = 1
+           ) -> list[tuple[list[int], int]]:
+    """(ids, reply start) per example: the answer prompt, then the reply and the end-of-turn token.
+
+    `processes` > 1 encodes chunks in worker processes (the same result, in order).
+    """
+    if processes > 1 and len(examples) > 1000:
+        from concurrent.futures import ProcessPoolExecutor
+
+        size = -(-len(examples) // (4 * processes))
+        chunks = [examples[i:i + size] for i in range(0, len(examples), size)]
+        with ProcessPoolExecutor(processes) as pool:
+            parts = pool.map(encode, chunks, [tokenizer] * len(chunks), [max_context] * len(chunks))
+            return [row for part in parts for row in part]
     builders: dict[str, PromptBuilder] = {}
     out = []
     for e in examples:
@@ -118,6 +140,22 @@ def _loss(logits, ids, reply, mask):
     return token_loss[target_prompt].mean() + token_loss[target_reply].mean()
 
 
+def _batch(rows: Sequence[tuple[list[int], int]], pad_id: int, device: str):
+    """Right-padded ids, the reply's positions and the real tokens' mask, on `device`."""
+    import numpy as np
+    import torch
+
+    length = max(len(seq) for seq, _ in rows)
+    ids = np.full((len(rows), length), pad_id, dtype=np.int64)
+    reply = np.zeros((len(rows), length), dtype=bool)
+    mask = np.zeros((len(rows), length), dtype=bool)
+    for row, (seq, start) in enumerate(rows):
+        ids[row, :len(seq)] = seq
+        reply[row, start:len(seq)] = True
+        mask[row, :len(seq)] = True
+    return tuple(torch.from_numpy(a).to(device, non_blocking=True) for a in (ids, reply, mask))
+
+
 def train_lm(model, data: Sequence[tuple[list[int], int]], pad_id: int, config: LMConfig,
              log=print) -> list[dict]:
     """Train `model` in place on encoded examples; returns the loss log (one entry per 100 steps)."""
@@ -145,6 +183,7 @@ def train_lm(model, data: Sequence[tuple[list[int], int]], pad_id: int, config: 
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device == "cuda" \
         else torch.autocast("cpu", enabled=False)
     step, running, log_rows, started = 0, 0.0, [], time.time()
+    timed_from = None
     while step < total:
         order = list(range(len(data)))
         r.shuffle(order)
@@ -158,18 +197,12 @@ def train_lm(model, data: Sequence[tuple[list[int], int]], pad_id: int, config: 
         for idx in batches:
             if step >= total:
                 break
-            length = max(len(data[j][0]) for j in idx)
-            ids = torch.full((len(idx), length), pad_id, dtype=torch.long)
-            reply = torch.zeros((len(idx), length), dtype=torch.bool)
-            mask = torch.zeros((len(idx), length), dtype=torch.long)
-            for row, j in enumerate(idx):
-                seq, start = data[j]
-                ids[row, :len(seq)] = torch.tensor(seq)
-                reply[row, start:len(seq)] = True
-                mask[row, :len(seq)] = 1
+            ids, reply, mask = _batch([data[j] for j in idx], pad_id, device)
+            # Right padding under causal attention never reaches a real token, so no attention mask
+            # is needed (and without one, attention takes its fused causal kernel).
             with autocast:
-                logits = model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
-            loss = _loss(logits, ids.to(device), reply.to(device), mask.to(device))
+                logits = model(input_ids=ids).logits
+            loss = _loss(logits, ids, reply, mask)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -177,9 +210,19 @@ def train_lm(model, data: Sequence[tuple[list[int], int]], pad_id: int, config: 
             scheduler.step()
             running += loss.detach()  # read every 100 steps: a read each step would wait for the GPU
             step += 1
+            if config.seconds is not None and step in (50, 150):
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                if step == 50:
+                    timed_from = time.time()
+                else:  # still warming up: the schedule so far does not depend on the total
+                    rate = 100 / (time.time() - timed_from)
+                    total = max(151, min(total, int(rate * (config.seconds - (time.time() - started))) + 150))
+                    log(f"{rate:.1f} steps/s: {total} steps in all")
             if step % 100 == 0 or step == total:
                 mean = running.item() / (step % 100 or 100)
-                log_rows.append({"step": step, "loss": mean, "seconds": round(time.time() - started, 1)})
+                log_rows.append({"step": step, "loss": mean, "seconds": round(time.time() - started, 1),
+                                 "total": total})
                 log(f"step {step}/{total}  loss {mean:.4f}  {time.time() - started:.0f}s")
                 running = 0.0
     model.eval()

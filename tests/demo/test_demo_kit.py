@@ -109,3 +109,30 @@ def test_held_out_figures_reproduce_from_the_committed_model() -> None:
     assert abs(figures["gate"]["accuracy"] - report["gate"]["accuracy"]) <= 1 / figures["questions"] + 1e-9
     assert abs(figures["answer_exact_match"] - report["answer_exact_match"]) <= 2 / figures["answerable"] + 1e-9
     assert figures["gate"]["accuracy"] >= 0.9 and min(figures["gate"]["recall"].values()) >= 0.85
+
+
+def test_the_model_build_trains_then_continues_a_model(tmp_path: Path) -> None:
+    """The train-model stage end to end on a tiny shape, then a second stage from its output."""
+    from safetensors.torch import load_file
+
+    from gatehead.demo.build import train_model
+    from gatehead.demo.train import LMConfig, ModelSpec
+
+    spec = ModelSpec(num_layers=2, hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=1, head_dim=16,
+                     vocab_size=600, split_digits=True, tokenizer_corpus="real")
+    first = train_model(out_dir=tmp_path / "a", spec=spec, config=LMConfig(knowledge_bases=1, batch_size=32,
+                                                                            max_steps=3, device="cpu"))
+    assert first["steps"] == 3 and first["examples"] > 2000 and first["log"][-1]["step"] == 3
+    second = train_model(out_dir=tmp_path / "b", spec=spec, config=LMConfig(
+        knowledge_bases=1, batch_size=32, max_steps=2, warmup_steps=1, device="cpu",
+        init_from=str(tmp_path / "a" / "model"), data_seed=7))
+    assert second["steps"] == 2 and second["config"]["init_from"].endswith("model")
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        assert (tmp_path / "a" / "model" / name).read_bytes() == (tmp_path / "b" / "model" / name).read_bytes()
+    a, b = (load_file(tmp_path / d / "model" / "model.safetensors") for d in ("a", "b"))
+    # Two steps of about 1e-3 each from a's weights (a new model would differ by its random init, ~0.05).
+    assert a.keys() == b.keys()
+    assert 0 < max((a[k].float() - b[k].float()).abs().max().item() for k in a) < 0.01
+    # The step count of a timed run is fixed during warm-up, so the schedule equals a max_steps run's.
+    with pytest.raises(ValueError, match="warmup_steps"):
+        LMConfig(seconds=60, warmup_steps=100)
