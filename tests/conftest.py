@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
@@ -14,6 +15,14 @@ from gatehead.retrieval.embedder import Embedder
 from gatehead.runtime.tiny import TinyModel, TinySpec, build_tiny
 
 T = TypeVar("T")
+
+# vLLM's CPU build runs each engine as an engine-core process plus one worker process, each importing
+# vLLM (~13 s apiece on 2 cores). Tests run the worker inside the engine-core process instead (its
+# single-process executor), which halves an engine's start; the model, the plugin, the scheduler and
+# the engine-core process are the same. The HTTP server tests start `gatehead serve` in the default
+# two-process layout (tests/server/test_server.py), so that layout is tested too; tensor-parallel
+# engines always use worker processes. Set the variable to 1 to run every test in the default layout.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 
 class Loop:

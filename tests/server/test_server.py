@@ -23,6 +23,9 @@ KEY = "test-key-1"
 OTHER_KEY = "test-key-2"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 ROWAN = "How much does the Rowan Lantern cost?"
+# `gatehead serve` as deployed: vLLM's engine-core and worker processes (tests/conftest.py runs other
+# tests' engines with the worker inside the engine-core process).
+SERVE_ENV = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
 
 
 STORY = {"model": "gatehead-demo", "max_tokens": 2000, "ignore_eos": True,
@@ -37,7 +40,7 @@ class Server:
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = (workdir / f"serve-{self.port}.log").open("w")
         self.process = subprocess.Popen([GATEHEAD, "serve", "--port", str(self.port), "--api-key", KEY,
-                                         "--api-key", OTHER_KEY, *extra], cwd=workdir, stdout=self.log,
+                                         "--api-key", OTHER_KEY, *extra], cwd=workdir, stdout=self.log, env=SERVE_ENV,
                                         stderr=subprocess.STDOUT, start_new_session=True)
         self.client = httpx.Client(base_url=self.url, timeout=120)
         deadline = time.monotonic() + 240
@@ -440,21 +443,32 @@ def test_chat_page_in_headless_chromium(server: Server) -> None:
             page.keyboard.press("Tab")  # leaving the field saves the key
             assert page.evaluate("localStorage.getItem('gatehead.key')") == KEY
 
-            # Every state of the streaming bubble, to see tokens arrive before the badge.
+            # Every text the assistant's bubble is given, in order, and the badge's arrival: read from the
+            # mutation records, not the page's state when the observer runs, since events that reach the
+            # page in one network read are all applied before the observer is called.
             page.evaluate("""() => {
                 window.seen = [];
-                new MutationObserver(() => {
-                    const last = [...document.querySelectorAll('.turn.assistant')].pop();
-                    if (last) window.seen.push([last.querySelector('.bubble').textContent,
-                                                !!last.querySelector('.badge')]);
-                }).observe(document.getElementById('conversation'),
-                           {subtree: true, childList: true, characterData: true});
+                new MutationObserver(records => {
+                    for (const record of records) {
+                        for (const node of record.addedNodes) {
+                            if (node.nodeType === Node.TEXT_NODE && record.target.classList?.contains('bubble'))
+                                window.seen.push(['text', node.data]);
+                            else if (node.nodeType === Node.ELEMENT_NODE
+                                     && (node.matches('.badge') || node.querySelector('.badge')))
+                                window.seen.push(['badge', '']);
+                        }
+                    }
+                }).observe(document.getElementById('conversation'), {subtree: true, childList: true});
             }""")
             ask(page, ROWAN)
             first = page.locator(".turn.assistant").nth(0)
             expect(first.locator(".badge")).to_have_text("answer", timeout=60_000)
             expect(first.locator(".bubble")).to_have_text("€354 [1]")
-            assert any(text and not badge for text, badge in page.evaluate("window.seen")), "no streamed tokens"
+            seen = page.evaluate("window.seen")
+            assert ["badge", ""] in seen, seen
+            before_badge = seen[:seen.index(["badge", ""])]
+            # Token events put text in the bubble before the final event sets the whole answer.
+            assert len([t for kind, t in before_badge if kind == "text" and t]) >= 2, f"no streamed tokens: {seen}"
             assert first.locator(".prob").count() == 3
             source = first.locator(".sources details").first
             expect(source.locator("summary")).to_contain_text("Rowan Lantern")
