@@ -120,9 +120,12 @@ def test_the_model_build_trains_then_continues_a_model(tmp_path: Path) -> None:
 
     spec = ModelSpec(num_layers=2, hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=1, head_dim=16,
                      vocab_size=600, split_digits=True, tokenizer_corpus="real")
-    first = train_model(out_dir=tmp_path / "a", spec=spec, config=LMConfig(knowledge_bases=1, batch_size=32,
-                                                                            max_steps=3, device="cpu"))
-    assert first["steps"] == 3 and first["examples"] > 2000 and first["log"][-1]["step"] == 3
+    # A timed run: its step count is fixed at step 150, from the rate of steps 50-150, and recorded.
+    first = train_model(out_dir=tmp_path / "a", spec=spec, config=LMConfig(knowledge_bases=1, batch_size=4,
+                                                                            seconds=2, device="cpu"))
+    per_epoch = -(-first["examples"] // 4)
+    assert first["examples"] > 2000 and 150 < first["steps"] < 6 * per_epoch
+    assert first["log"][-1] == {**first["log"][-1], "step": first["steps"], "total": first["steps"]}
     second = train_model(out_dir=tmp_path / "b", spec=spec, config=LMConfig(
         knowledge_bases=1, batch_size=32, max_steps=2, warmup_steps=1, device="cpu",
         init_from=str(tmp_path / "a" / "model"), data_seed=7))
@@ -133,6 +136,6 @@ def test_the_model_build_trains_then_continues_a_model(tmp_path: Path) -> None:
     # Two steps of about 1e-3 each from a's weights (a new model would differ by its random init, ~0.05).
     assert a.keys() == b.keys()
     assert 0 < max((a[k].float() - b[k].float()).abs().max().item() for k in a) < 0.01
-    # The step count of a timed run is fixed during warm-up, so the schedule equals a max_steps run's.
+    # The step count must be fixed during warm-up, so that the schedule equals a max_steps run's.
     with pytest.raises(ValueError, match="warmup_steps"):
         LMConfig(seconds=60, warmup_steps=100)
