@@ -75,6 +75,7 @@ def train_model(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, smoke: bool
     """Tokenizer and language model from the labelled training split plus synthetic knowledge bases.
 
     `spec` and `config` default to the demo's own (`ModelSpec()`, `LMConfig()`), which made `demo/model`.
+    With `config.init_from`, `spec` is recorded as given and should describe that model.
     """
     import torch
 
@@ -98,7 +99,6 @@ def train_model(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, smoke: bool
         for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
             shutil.copy(source / name, model_dir / name)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        data = encode(examples, tokenizer, spec.max_position, processes=min(16, os.cpu_count() or 1))
         model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
     else:
         # The tokenizer sees training text only: held-out names are split into pieces, as a user's would be.
@@ -111,9 +111,9 @@ def train_model(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, smoke: bool
         texts = [e.question for e in seen] + [e.target for e in seen]
         texts += [p.text for e in seen[:5000] for p in e.passages] + [e.system for e in examples[:10]]
         tokenizer = build_demo_tokenizer(model_dir, texts, spec)
-        data = encode(examples, tokenizer, spec.max_position, processes=min(16, os.cpu_count() or 1))
         torch.manual_seed(SEED)
         model = new_model(spec, tokenizer)
+    data = encode(examples, tokenizer, spec.max_position, processes=min(16, os.cpu_count() or 1))
     log = train_lm(model, data, tokenizer.pad_token_id, config)
     model.to("cpu", dtype=torch.bfloat16).save_pretrained(model_dir, max_shard_size="15MB")
     report = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
