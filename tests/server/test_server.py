@@ -32,16 +32,21 @@ STORY = {"model": "gatehead-demo", "max_tokens": 2000, "ignore_eos": True,
          "messages": [{"role": "user", "content": "Tell a story."}]}
 
 
+def free_port() -> int:
+    """A loopback port nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class Server:
     def __init__(self, workdir: Path, *extra: str) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = (workdir / f"serve-{self.port}.log").open("w")
         self.process = subprocess.Popen([GATEHEAD, "serve", "--port", str(self.port), "--api-key", KEY,
-                                         "--api-key", OTHER_KEY, *extra], cwd=workdir, stdout=self.log, env=SERVE_ENV,
-                                        stderr=subprocess.STDOUT, start_new_session=True)
+                                         "--api-key", OTHER_KEY, *extra], cwd=workdir, env=SERVE_ENV,
+                                        stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         self.client = httpx.Client(base_url=self.url, timeout=120)
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
@@ -557,9 +562,7 @@ def loopback_postgres() -> Iterator[str]:
     folder = Path(tempfile.mkdtemp(prefix="gatehead-pg-"))
     if as_postgres:
         shutil.chown(folder, "postgres")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     data = folder / "data"
     subprocess.run([*as_postgres, str(pg_ctl.parent / "initdb"), "-D", str(data), "-U", "gatehead", "--auth=trust"],
                    check=True, capture_output=True, timeout=120)
