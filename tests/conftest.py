@@ -9,6 +9,7 @@ from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
 import pytest
+import torch  # noqa: F401  (before OMP_NUM_THREADS is set below)
 
 from gatehead.retrieval.config import EmbedderConfig
 from gatehead.retrieval.embedder import Embedder
@@ -22,7 +23,15 @@ T = TypeVar("T")
 # the engine-core process are the same. The HTTP server tests start `gatehead serve` in the default
 # two-process layout (tests/server/test_server.py), so that layout is tested too; tensor-parallel
 # engines always use worker processes. Set the variable to 1 to run every test in the default layout.
+#
+# In that layout the engine core also computes, and on two cores it would run two OpenMP threads where
+# vLLM's worker process runs one (one core is reserved for the scheduler). CI saw an engine core die of
+# SIGILL ("invalid opcode", dmesg) in a thread other than its main one, on the bf16 demo model whose
+# kernels use AMX tiles, twice in one run; no such crash in the worker layout. So processes the tests
+# start compute on one thread, as that worker does. This process keeps its own count: torch is imported
+# (and reads OMP_NUM_THREADS) before the variable is set.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 class Loop:
