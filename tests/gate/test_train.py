@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from gatehead.gate.adapter import load_gate_adapter
-from gatehead.gate.calibrate import calibrate, choose_thresholds, fit_temperature
+from gatehead.gate.calibrate import calibrate, choose_thresholds, decisions, fit_temperature
 from gatehead.gate.data import read_examples
-from gatehead.gate.metrics import softmax
+from gatehead.gate.metrics import classification_metrics, softmax
+from gatehead.gate.policy import Thresholds
 from gatehead.gate.train import TrainConfig, train_gate
 from gatehead.runtime.tiny import TinyModel
 
@@ -86,8 +87,22 @@ def test_temperature_and_thresholds_on_known_probabilities() -> None:
     thresholds, met = choose_thresholds(probs, labels.tolist(), answer_precision=0.9)
     answered = probs[:, 0] >= thresholds.answer
     assert met and (labels[answered] == 0).mean() >= 0.9
-    lower = probs[:, 0] >= np.nextafter(thresholds.answer, 0)
-    assert (labels[lower] == 0).mean() < 0.9 or lower.sum() == answered.sum()  # the lowest that meets it
+
+    def macro_f1(t: Thresholds) -> float:
+        return float(np.mean(list(classification_metrics(labels.tolist(), decisions(probs, t)).f1.values())))
+
+    # The best macro-F1 of every pair that meets the target; a brute-force scan over a grid agrees.
+    chosen = macro_f1(thresholds)
+    grid = [Thresholds(answer=float(a), refuse=float(r)) for a in np.linspace(0, 1, 41) for r in np.linspace(0, 1, 41)]
+    meeting = [t for t in grid if (probs[:, 0] >= t.answer).any()
+               and (labels[probs[:, 0] >= t.answer] == 0).mean() >= 0.9]
+    assert meeting and chosen >= max(map(macro_f1, meeting)) - 1e-12
+    # Not simply the lowest answer threshold that meets the target: at a loose target (0.4) that one
+    # answers nearly everything and scores lower.
+    loose, _ = choose_thresholds(probs, labels.tolist(), answer_precision=0.4)
+    lowest = min(float(t) for t in probs[:, 0] if (labels[probs[:, 0] >= t] == 0).mean() >= 0.4)
+    assert loose.answer > lowest and macro_f1(loose) > max(macro_f1(Thresholds(answer=lowest, refuse=float(r)))
+                                                          for r in np.linspace(0, 1, 101))
     _, unreachable = choose_thresholds(probs, labels.tolist(), answer_precision=1.0)
     assert not unreachable or (labels[probs[:, 0] >= 1.0] == 0).all()
 
