@@ -30,15 +30,28 @@ _GHOST_STEMS = """Mistral Sirocco Tempest Harmattan Chinook Bora Zephyr Monsoon 
 Williwaw Haboob Pampero Etesian Khamsin Simoom Tramontane Buran""".split()
 
 
-def invented_stems(r: random.Random, count: int) -> list[str]:
-    """`count` made-up name stems ("Valomir", "Teska"): synthetic products whose names cannot be remembered."""
+def invented_stems(r: random.Random, count: int, wide: bool = False) -> list[str]:
+    """`count` made-up name stems ("Valomir", "Teska"): synthetic products whose names cannot be remembered.
+
+    By default the stems begin with one of 21 consonant onsets. `wide` also draws the other shapes of
+    real names: one syllable ("Jet"), a vowel first ("Azure", "Otter"), c, j, qu, w, y and clusters such
+    as ch, cl, fl, sh, th ("Cobalt", "Quill", "Wren"), and more endings (-t, -ll, -lt, -x, -ck). Held-out
+    names have those shapes too; a model trained only on the narrow ones refused every question about
+    some of them (see the README).
+    """
     onsets, vowels, codas = "b d f g h k l m n p r s t v z br dr gr kr st tr sk".split(), "a e i o u ai ei".split(), \
         ["", "", "n", "r", "l", "s", "m"]
+    if wide:
+        onsets += "c j qu w y bl ch cl cr fl fr gl pl pr sh sl sp th".split()
+        vowels += "ou ea".split()
+        codas += "t ll lt x ck nd st".split()
     real = {s.lower() for s in _STEMS + _GHOST_STEMS}
     out: set[str] = set()
     while len(out) < count:
-        word = "".join(r.choice(onsets) + r.choice(vowels) for _ in range(r.choice((2, 2, 3)))) + r.choice(codas)
-        if word not in real:
+        syllables = r.choice((1, 2, 2, 3) if wide else (2, 2, 3))
+        word = r.choice(vowels) if wide and r.random() < 0.25 else ""  # a vowel-initial name
+        word += "".join(r.choice(onsets) + r.choice(vowels) for _ in range(syllables - bool(word))) + r.choice(codas)
+        if word not in real and len(word) >= 3:
             out.add(word.capitalize())
     return sorted(out)
 

@@ -155,12 +155,15 @@ def synthetic_examples(kb: KnowledgeBase, questions: Sequence[Question], r: rand
 
 
 def training_examples(records: Sequence[dict], knowledge_bases: int, seed: int,
-                      same_category: bool = False) -> list[LMExample]:
-    """Real-retrieval examples from `records` plus `knowledge_bases` synthetic ones, shuffled."""
+                      same_category: bool = False, wide_names: bool = False) -> list[LMExample]:
+    """Real-retrieval examples from `records` plus `knowledge_bases` synthetic ones, shuffled.
+
+    `wide_names`: the synthetic products' names take every shape `invented_stems(wide=True)` draws.
+    """
     r = random.Random(seed)
     out = [e for record in records for e in from_record(record)]
     for i in range(knowledge_bases):
-        stems = invented_stems(random.Random(f"{seed}-{i}"), 80)
+        stems = invented_stems(random.Random(f"{seed}-{i}"), 80, wide_names)
         kb = build_kb(seed=1000 + seed * 100 + i, products=40, stems=stems[:60], ghost_stems=stems[60:],
                       policies=False)
         questions = [q for q in build_questions(kb, seed=i) if q.kind != "world"]

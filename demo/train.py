@@ -23,7 +23,8 @@ from gatehead.gate.prompt import PromptBuilder, PromptConfig, encode_untrusted
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Shape of the demo model and its tokenizer: 8 layers, so k=4 leaves 4 shared ones."""
+    """Shape of a demo model and its tokenizer. The defaults are the first demo model's (8 layers, so
+    k=4 leaves 4 shared ones); the committed one is `gatehead.demo.build.demo_recipe()`'s (12 layers)."""
 
     num_layers: int = 8
     hidden_size: int = 256
@@ -34,7 +35,7 @@ class ModelSpec:
     vocab_size: int = 4096  # BPE merges asked for; the demo texts give fewer, and the model pads to 64
     max_position: int = 2048
     # One token per digit, so copying "€354" is copying three common tokens rather than one of a
-    # thousand rare number tokens. Off in the committed model; tried on at 3 epochs (see the README).
+    # thousand rare number tokens. On in the committed model (see the README).
     split_digits: bool = False
     # What the tokenizer is trained on: "all" the training text, synthetic knowledge bases included,
     # or only the "real" labelled training split. With "all", the invented names of the synthetic
@@ -68,8 +69,12 @@ class LMConfig:
     init_from: str | None = None
     data_seed: int = 0  # seed of the synthetic knowledge bases and of the examples' order
     # Synthetic negatives mostly of the question's product category, as real retrieval gives them
-    # (`gatehead.demo.tasks._context`). Off in the committed model; tried on (see the README).
+    # (`gatehead.demo.tasks._context`). On in the committed model (see the README).
     same_category_negatives: bool = False
+    # Synthetic product names of every initial shape held-out names have (`invented_stems(wide=True)`).
+    wide_names: bool = False
+    # On CPU, compute in bf16 under autocast as on CUDA (faster where the CPU has AMX); fp32 by default.
+    cpu_bf16: bool = False
 
     def __post_init__(self) -> None:
         if self.seconds is not None and self.warmup_steps < 150:
@@ -181,7 +186,7 @@ def train_lm(model, data: Sequence[tuple[list[int], int]], pad_id: int, config: 
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device == "cuda" \
-        else torch.autocast("cpu", enabled=False)
+        else torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.cpu_bf16)
     step, running, log_rows, started = 0, 0.0, [], time.time()
     timed_from = None
     while step < total:
