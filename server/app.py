@@ -41,6 +41,7 @@ from gatehead.server.metrics import Metrics
 
 log = logging.getLogger("gatehead.server")
 AGENT_MODEL = "gatehead-agent"
+WARM_UP = "The engine runs this prompt once before it serves, so that its first forward is not a request's."
 PROBES = ("/livez", "/readyz")
 STATIC = Path(__file__).parent / "static"
 PAGE_FILES = {"chat.js": "text/javascript", "chat.css": "text/css"}
@@ -129,7 +130,9 @@ class Runtime:
             self.saver = await self._stack.enter_async_context(open_checkpointer(config.threads or default_threads))
             self.generator = GuardedEngine(self.engine, config.guard, self.guard)
             self.agent = Agent(self.generator, self.store, config.agent, self.saver)
-            await self.engine.generate([self.engine.tokenizer.eos_token_id], max_tokens=1)  # warm-up
+            # Warm-up. Not a one-token prompt: on an AMX CPU in bf16, vLLM's CPU worker dies of SIGILL when
+            # the first forward it runs is one or two tokens long (seen with the 12-layer demo model).
+            await self.engine.generate(self.engine.tokenizer.encode(WARM_UP, add_special_tokens=False), max_tokens=1)
             if config.canary.enabled:
                 self.canaries = Canaries(self.engine, config.canary)
                 await self.canaries.record()
