@@ -10,7 +10,7 @@ import pytest
 
 from gatehead.demo import DEMO_DIR
 from gatehead.demo.build import CORPUS_DIR, DATA_DIR, QUESTIONS, generate
-from gatehead.demo.kb import _GHOST_STEMS, _STEMS, build_kb, category_of, invented_stems
+from gatehead.demo.kb import build_kb, category_of
 from gatehead.demo.questions import build_questions
 from gatehead.demo.tasks import synthetic_examples, training_examples
 
@@ -66,24 +66,6 @@ def test_same_category_negatives_look_like_real_retrieval() -> None:
     assert len(contexts) == len(ghosts)
     kin = [category_of(p.title) == category_of(q.entity) for q, passages in contexts for p in passages]
     assert len(kin) == 3 * len(ghosts) and sum(kin) / len(kin) > 0.6
-
-
-def test_wide_invented_names_take_the_shapes_of_held_out_names() -> None:
-    """Narrow synthetic names begin with 21 consonant onsets; held-out names also begin otherwise."""
-    narrow, wide = (invented_stems(random.Random(0), 400, wide=flag) for flag in (False, True))
-    held_out = {r["entity"] for r in rows("test") + rows("val") if r["entity"]}
-    initials = {name[0] for name in held_out}
-    assert {w[0] for w in narrow} <= set("BDFGHKLMNPRSTVZ")
-    assert initials - {w[0] for w in narrow}, "the held-out names no longer show the shapes narrow names miss"
-    assert initials <= {w[0] for w in wide}
-    assert any(w[0] in "AEIOU" for w in wide) and any(w.startswith("Qu") for w in wide) and min(map(len, wide)) >= 3
-    assert not {w.lower() for w in wide} & {s.lower() for s in _STEMS + _GHOST_STEMS}
-    # The option leaves the narrow draws as they were (the committed model's training data).
-    assert invented_stems(random.Random("0-1"), 80)[:3] == ["Bafas", "Baistogail", "Braikrol"]
-    asked = [e.question.removeprefix("How much does the ").split()[0]
-             for e in training_examples([], 1, seed=0, wide_names=True) if e.question.startswith("How much does the ")]
-    names = [w for w in asked if "-" not in w]  # not the order codes
-    assert names and sum(w[0] in "AEIOUCJQWY" for w in names) > len(names) / 4
 
 
 def _as_example(row: dict):
@@ -145,8 +127,8 @@ def test_the_model_build_trains_then_continues_a_model(tmp_path: Path) -> None:
     assert first["examples"] > 2000 and 150 < first["steps"] < 6 * per_epoch
     assert first["log"][-1] == {**first["log"][-1], "step": first["steps"], "total": first["steps"]}
     second = train_model(out_dir=tmp_path / "b", spec=spec, config=LMConfig(
-        knowledge_bases=1, batch_size=32, max_steps=2, warmup_steps=1, device="cpu", cpu_bf16=True,
-        init_from=str(tmp_path / "a" / "model"), data_seed=7, wide_names=True))
+        knowledge_bases=1, batch_size=32, max_steps=2, warmup_steps=1, device="cpu",
+        init_from=str(tmp_path / "a" / "model"), data_seed=7))
     assert second["steps"] == 2 and second["config"]["init_from"].endswith("model")
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         assert (tmp_path / "a" / "model" / name).read_bytes() == (tmp_path / "b" / "model" / name).read_bytes()
@@ -157,27 +139,3 @@ def test_the_model_build_trains_then_continues_a_model(tmp_path: Path) -> None:
     # The step count must be fixed during warm-up, so that the schedule equals a max_steps run's.
     with pytest.raises(ValueError, match="warmup_steps"):
         LMConfig(seconds=60, warmup_steps=100)
-
-
-def test_the_demo_recipe_runs_its_stages_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`train-model` chains the recipe's stages; the final training.json records each (tiny shapes here)."""
-    from gatehead.demo import build
-    from gatehead.demo.train import LMConfig, ModelSpec
-
-    spec, stages, gate = build.demo_recipe()
-    assert len(stages) == 4 and stages[-1].wide_names and not any(s.init_from for s in stages)
-    tiny = ModelSpec(num_layers=2, hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=1, head_dim=16,
-                     vocab_size=600, split_digits=True, tokenizer_corpus="real")
-    steps = (3, 2, 1)
-    monkeypatch.setattr(build, "demo_recipe", lambda: (tiny, tuple(
-        LMConfig(knowledge_bases=1, batch_size=8, max_steps=n, warmup_steps=1, device="cpu", data_seed=i,
-                 wide_names=i == 2) for i, n in enumerate(steps)), gate))
-    report = build.build_demo_model(out_dir=tmp_path)
-    record = json.loads((tmp_path / "model" / "training.json").read_text())
-    assert [s["steps"] for s in record["stages"]] == list(steps) == [s["steps"] for s in report["stages"]]
-    assert [s["config"]["init_from"] for s in record["stages"]] == [
-        None, str(tmp_path / "stages" / "1" / "model"), str(tmp_path / "stages" / "2" / "model")]
-    assert record["config"] == record["stages"][-1]["config"] and record["log"][-1]["step"] == 1
-    tokenizers = {(d / "tokenizer.json").read_bytes() for d in
-                  (tmp_path / "stages" / "1" / "model", tmp_path / "stages" / "2" / "model", tmp_path / "model")}
-    assert len(tokenizers) == 1
