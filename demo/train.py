@@ -23,8 +23,7 @@ from gatehead.gate.prompt import PromptBuilder, PromptConfig, encode_untrusted
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Shape of a demo model and its tokenizer. The defaults are the first demo model's (8 layers, so
-    k=4 leaves 4 shared ones); the committed one is `gatehead.demo.build.demo_recipe()`'s (12 layers)."""
+    """Shape of the demo model and its tokenizer: 8 layers, so k=4 leaves 4 shared ones."""
 
     num_layers: int = 8
     hidden_size: int = 256
@@ -35,7 +34,7 @@ class ModelSpec:
     vocab_size: int = 4096  # BPE merges asked for; the demo texts give fewer, and the model pads to 64
     max_position: int = 2048
     # One token per digit, so copying "€354" is copying three common tokens rather than one of a
-    # thousand rare number tokens. On in the committed model (see the README).
+    # thousand rare number tokens. Off in the committed model; tried on at 3 epochs (see the README).
     split_digits: bool = False
     # What the tokenizer is trained on: "all" the training text, synthetic knowledge bases included,
     # or only the "real" labelled training split. With "all", the invented names of the synthetic
@@ -69,9 +68,10 @@ class LMConfig:
     init_from: str | None = None
     data_seed: int = 0  # seed of the synthetic knowledge bases and of the examples' order
     # Synthetic negatives mostly of the question's product category, as real retrieval gives them
-    # (`gatehead.demo.tasks._context`). On in the committed model (see the README).
+    # (`gatehead.demo.tasks._context`). Off in the committed model; tried on (see the README).
     same_category_negatives: bool = False
     # Synthetic product names of every initial shape held-out names have (`invented_stems(wide=True)`).
+    # Off in the committed model; on in the stop-21 candidate (see the README).
     wide_names: bool = False
     # On CPU, compute in bf16 under autocast as on CUDA (faster where the CPU has AMX); fp32 by default.
     cpu_bf16: bool = False
