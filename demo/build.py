@@ -87,7 +87,8 @@ def train_model(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, smoke: bool
     if smoke:
         config = replace(config, knowledge_bases=2, max_steps=20)
     records = _read_jsonl(data_dir / "train.jsonl")[:40 if smoke else None]
-    examples = training_examples(records, config.knowledge_bases, config.data_seed, config.same_category_negatives)
+    examples = training_examples(records, config.knowledge_bases, config.data_seed, config.same_category_negatives,
+                                 config.wide_names)
     model_dir = out_dir / "model"
     if model_dir.exists():
         shutil.rmtree(model_dir)

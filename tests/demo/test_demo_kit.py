@@ -10,7 +10,7 @@ import pytest
 
 from gatehead.demo import DEMO_DIR
 from gatehead.demo.build import CORPUS_DIR, DATA_DIR, QUESTIONS, generate
-from gatehead.demo.kb import build_kb, category_of
+from gatehead.demo.kb import _GHOST_STEMS, _STEMS, build_kb, category_of, invented_stems
 from gatehead.demo.questions import build_questions
 from gatehead.demo.tasks import synthetic_examples, training_examples
 
@@ -66,6 +66,24 @@ def test_same_category_negatives_look_like_real_retrieval() -> None:
     assert len(contexts) == len(ghosts)
     kin = [category_of(p.title) == category_of(q.entity) for q, passages in contexts for p in passages]
     assert len(kin) == 3 * len(ghosts) and sum(kin) / len(kin) > 0.6
+
+
+def test_wide_invented_names_take_the_shapes_of_held_out_names() -> None:
+    """Narrow synthetic names begin with 21 consonant onsets; held-out names also begin otherwise."""
+    narrow, wide = (invented_stems(random.Random(0), 400, wide=flag) for flag in (False, True))
+    held_out = {r["entity"] for r in rows("test") + rows("val") if r["entity"]}
+    initials = {name[0] for name in held_out}
+    assert {w[0] for w in narrow} <= set("BDFGHKLMNPRSTVZ")
+    assert initials - {w[0] for w in narrow}, "the held-out names no longer show the shapes narrow names miss"
+    assert initials <= {w[0] for w in wide}
+    assert any(w[0] in "AEIOU" for w in wide) and any(w.startswith("Qu") for w in wide) and min(map(len, wide)) >= 3
+    assert not {w.lower() for w in wide} & {s.lower() for s in _STEMS + _GHOST_STEMS}
+    # The option leaves the narrow draws as they were (the committed model's training data).
+    assert invented_stems(random.Random("0-1"), 80)[:3] == ["Bafas", "Baistogail", "Braikrol"]
+    asked = [e.question.removeprefix("How much does the ").split()[0]
+             for e in training_examples([], 1, seed=0, wide_names=True) if e.question.startswith("How much does the ")]
+    names = [w for w in asked if "-" not in w]  # not the order codes
+    assert names and sum(w[0] in "AEIOUCJQWY" for w in names) > len(names) / 4
 
 
 def _as_example(row: dict):
@@ -127,8 +145,8 @@ def test_the_model_build_trains_then_continues_a_model(tmp_path: Path) -> None:
     assert first["examples"] > 2000 and 150 < first["steps"] < 6 * per_epoch
     assert first["log"][-1] == {**first["log"][-1], "step": first["steps"], "total": first["steps"]}
     second = train_model(out_dir=tmp_path / "b", spec=spec, config=LMConfig(
-        knowledge_bases=1, batch_size=32, max_steps=2, warmup_steps=1, device="cpu",
-        init_from=str(tmp_path / "a" / "model"), data_seed=7))
+        knowledge_bases=1, batch_size=32, max_steps=2, warmup_steps=1, device="cpu", cpu_bf16=True,
+        init_from=str(tmp_path / "a" / "model"), data_seed=7, wide_names=True))
     assert second["steps"] == 2 and second["config"]["init_from"].endswith("model")
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         assert (tmp_path / "a" / "model" / name).read_bytes() == (tmp_path / "b" / "model" / name).read_bytes()
