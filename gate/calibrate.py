@@ -70,19 +70,16 @@ def choose_thresholds(probs: np.ndarray, labels: Sequence[int], answer_precision
     """(thresholds, whether the answer-precision target was reachable); see the module docstring."""
     y = np.asarray(labels)
     candidates = np.unique(np.concatenate([[0.0, 1.0], probs[:, 1]]))
+    meeting = [t for t in sorted(set(probs[:, 0].tolist()))
+               if (probs[:, 0] >= t).any() and (y[probs[:, 0] >= t] == 0).mean() >= answer_precision]
     best: tuple[float, float, float] | None = None  # (macro-F1, t_answer, t_refuse)
-    for t in sorted(set(probs[:, 0].tolist())):
-        chosen = probs[:, 0] >= t
-        if not (chosen.any() and (y[chosen] == 0).mean() >= answer_precision):
-            continue
+    for t in meeting or [1.0]:  # unreachable: answer nothing below certainty
         f1 = refuse_threshold_f1(probs, y, t, candidates)
         i = int(np.argmax(f1))
         if best is None or f1[i] > best[0]:
             best = (float(f1[i]), float(t), float(candidates[i]))
-    if best is None:  # unreachable: answer nothing below certainty
-        f1 = refuse_threshold_f1(probs, y, 1.0, candidates)
-        return Thresholds(answer=1.0, refuse=float(candidates[int(np.argmax(f1))])), False
-    return Thresholds(answer=best[1], refuse=best[2]), True
+    assert best is not None
+    return Thresholds(answer=best[1], refuse=best[2]), bool(meeting)
 
 
 def refuse_threshold_f1(probs: np.ndarray, y: np.ndarray, t_answer: float, candidates: np.ndarray) -> np.ndarray:

@@ -27,8 +27,9 @@ T = TypeVar("T")
 # In that layout the engine core also computes, and on two cores it would run two OpenMP threads where
 # vLLM's worker process runs one (one core is reserved for the scheduler). CI saw an engine core die of
 # SIGILL ("invalid opcode", dmesg) in a thread other than its main one, on the bf16 demo model whose
-# kernels use AMX tiles, twice in one run; no such crash in the worker layout. So processes the tests
-# start compute on one thread, as that worker does. This process keeps its own count: torch is imported
+# kernels use AMX tiles, twice in one run. (vLLM's worker also dies of SIGILL, in either layout, when its
+# first forward is one or two tokens long; see the server's warm-up.) So processes the tests start
+# compute on one thread, as that worker does. This process keeps its own count: torch is imported
 # (and reads OMP_NUM_THREADS) before the variable is set.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
