@@ -82,7 +82,7 @@ def run_agreement(config, m: int = 256, out=None, work_dir=None):
     window = config.max_model_len or 2048
     builder, _ = prompt_builder(config.model, config.adapter, window)
     gates, generations = build_prompts(builder, m, 3, "gate"), build_prompts(builder, min(m, 64), 4, "answer")
-    progress = tqdm(total=4, desc="agreement: gates from each engine", unit="engine")
+    progress = tqdm(total=5, desc="agreement: gates from each engine", unit="engine")
     engine = SharedEngine(config)
     try:
         shared = asyncio.run(shared_gate_probs(engine, gates, generations))
@@ -100,17 +100,23 @@ def run_agreement(config, m: int = 256, out=None, work_dir=None):
     progress.update()
     bf16 = HFReference(config.model, config.adapter, "bfloat16").gate_probs(gates)
     progress.update()
+    merged = HFReference(config.model, config.adapter, "bfloat16", merged=True).gate_probs(gates)
+    progress.update()
     progress.close()
     thresholds = adapter.spec.thresholds
     pairs = {"shared vs dedicated": agreement(shared, dedicated, thresholds),
              "shared vs HF fp32": agreement(shared, fp32, thresholds),
              "dedicated vs HF fp32": agreement(dedicated, fp32, thresholds),
-             "HF bf16 vs HF fp32": agreement(bf16, fp32, thresholds)}
+             "HF bf16 vs HF fp32": agreement(bf16, fp32, thresholds),
+             "HF bf16 merged vs unmerged": agreement(merged, bf16, thresholds)}
     vs_dedicated, vs_fp32, scale = pairs["shared vs dedicated"], pairs["shared vs HF fp32"], pairs["HF bf16 vs HF fp32"]
     one_class = len(vs_dedicated.mix_a) < 2
     trained = (Path(config.adapter) / "training.json").exists()  # written by gatehead's gate training
     dp_only = one_class or not trained
     passed = vs_dedicated.max_dp <= 0.02 and (dp_only or (vs_dedicated.flips == 0 and vs_fp32.flips <= scale.flips))
+    # Not in the rule, for reading it: the dedicated engine runs the LoRA merged into bf16 weights and the
+    # branch runs it unmerged; per gate, how much of their difference that merge alone (in HF) accounts for.
+    beyond_merge = float((np.abs(shared - dedicated).max(axis=1) - np.abs(merged - bf16).max(axis=1)).max(initial=0))
     rows = [[name, a.n, a.flips, a.max_dp, a.mean_dp, _mix(a.mix_a), _mix(a.mix_b)] for name, a in pairs.items()]
     plot = scatter(out / "agreement.png", dedicated.reshape(-1).tolist(), shared.reshape(-1).tolist(),
                    "dedicated engine p", "shared engine p", "Gate probabilities, every class")
@@ -118,12 +124,15 @@ def run_agreement(config, m: int = 256, out=None, work_dir=None):
               f"thresholds {thresholds.to_dict()}; model `{config.model}`, adapter `{config.adapter}`.\n\n"
               + table(["pair", "n", "flips", "max abs dp", "mean abs dp", "decisions (first)",
                        "decisions (second)"], rows)
+              + f"\nLargest shared-vs-dedicated |dp| beyond what the LoRA merge alone moves the same gate in HF "
+                f"bf16: {beyond_merge:.4f}.\n"
               + ("\nEvery shared decision is in one class: flips mean nothing, judged on |dp| alone.\n"
                  if one_class else "")
               + ("\nThe adapter has no training record (a random adapter): its probabilities sit near the "
                  "thresholds, so flips mean nothing; judged on |dp| alone.\n" if not trained else ""))
     summary = {name: {"flips": a.flips, "max_dp": round(a.max_dp, 6)} for name, a in pairs.items()}
     return Outcome(passed, {"m": m, "pairs": {name: asdict(a) for name, a in pairs.items()},
+                            "max_dp_beyond_merge": beyond_merge,
                             "one_class": one_class, "trained_adapter": trained, "judged_on_dp_only": dp_only},
                    report, [plot], summary)
 

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from gatehead.gate.adapter import load_gate_adapter, replace_dir
-from gatehead.runtime.reference import load_classifier
+from gatehead.runtime.reference import merged_gate_classifier
 
 CLASSIFIER_ARCHITECTURES = {
     "Qwen3ForCausalLM": "Qwen3ForSequenceClassification",
@@ -24,8 +24,6 @@ CLASSIFIER_ARCHITECTURES = {
 def export_dedicated(model_dir: str | Path, adapter_dir: str | Path, out_dir: str | Path,
                      dtype: str = "bfloat16", max_shard_size: str = "2GB") -> Path:
     """Write the merged gate classifier to `out_dir` (replaced only once complete)."""
-    import torch
-    from peft import PeftModel
     from transformers import AutoTokenizer
 
     model_dir, out_dir = Path(model_dir), Path(out_dir)
@@ -35,16 +33,13 @@ def export_dedicated(model_dir: str | Path, adapter_dir: str | Path, out_dir: st
                          f"supported: {sorted(CLASSIFIER_ARCHITECTURES)}")
     if dtype not in ("bfloat16", "float32"):
         raise ValueError(f"dtype must be 'bfloat16' or 'float32', got {dtype!r}")
-    labels = adapter.spec.labels
-    merged = PeftModel.from_pretrained(load_classifier(model_dir, labels), adapter.path).merge_and_unload()
+    merged = merged_gate_classifier(model_dir, adapter, dtype)
     merged.config.architectures = [CLASSIFIER_ARCHITECTURES[adapter.spec.base.architecture]]
 
     with replace_dir(out_dir) as tmp:
-        merged.to(getattr(torch, dtype))
-        merged.score.to(torch.float32)  # the adapter's head is fp32, and vLLM's pooling head runs in fp32
         merged.save_pretrained(tmp, safe_serialization=True, max_shard_size=max_shard_size)
         AutoTokenizer.from_pretrained(model_dir).save_pretrained(tmp)
         (tmp / "gatehead_dedicated.json").write_text(json.dumps(
             {"base_fingerprint": adapter.spec.base.fingerprint, "adapter": str(adapter.path),
-             "labels": list(labels), "thresholds": adapter.spec.thresholds.to_dict()}, indent=2) + "\n")
+             "labels": list(adapter.spec.labels), "thresholds": adapter.spec.thresholds.to_dict()}, indent=2) + "\n")
     return out_dir

@@ -2,8 +2,10 @@
 
 Generation: the base model as `AutoModelForCausalLM`, greedy, one prompt at a time (no padding, so
 nothing but the model's own arithmetic decides a token). Gate: `AutoModelForSequenceClassification`
-+ `PeftModel` with the adapter unmerged, the head on the last token. Either in fp32 or bf16, on CPU
-or CUDA. It is slow by design and is not a serving path.
++ `PeftModel` with the adapter unmerged, the head on the last token; or, with `merged=True`, the gate as
+the dedicated gate engine holds it (`gatehead.runtime.dedicated`: LoRA merged in fp32, the merged weights
+in `dtype`, the head in fp32). Either in fp32 or bf16, on CPU or CUDA. It is slow by design and is not a
+serving path.
 """
 
 from __future__ import annotations
@@ -38,11 +40,25 @@ def load_classifier(model_dir: str | Path, labels: Sequence[str] = LABELS, dtype
         hf_logging.set_verbosity(verbosity)
 
 
+def merged_gate_classifier(model_dir: str | Path, adapter: GateAdapter, dtype: Dtype = "float32"):
+    """The gate as one HF classifier: the LoRA merged into the base in fp32, then cast to `dtype`.
+
+    The head stays fp32: the adapter's head is fp32, and vLLM's pooling runner computes it in fp32.
+    """
+    import torch
+    from peft import PeftModel
+
+    model = PeftModel.from_pretrained(load_classifier(model_dir, adapter.spec.labels), adapter.path)
+    model = model.merge_and_unload().to(getattr(torch, dtype))
+    model.score.to(torch.float32)
+    return model
+
+
 class HFReference:
     """A base model and (optionally) its gate adapter, loaded lazily through transformers."""
 
     def __init__(self, model_dir: str | Path, adapter_dir: str | Path | None = None,
-                 dtype: Dtype = "float32", device: str = "cpu") -> None:
+                 dtype: Dtype = "float32", device: str = "cpu", merged: bool = False) -> None:
         if dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
         self.model_dir = Path(model_dir)
@@ -50,6 +66,7 @@ class HFReference:
             load_gate_adapter(adapter_dir, self.model_dir) if adapter_dir is not None else None)
         self.dtype = dtype
         self.device = device
+        self.merged = merged
         self._lm = None
         self._gate = None
         self._tokenizer = None
@@ -87,9 +104,14 @@ class HFReference:
         if self._gate is None:
             from peft import PeftModel
 
-            base = load_classifier(self.model_dir, self.adapter.spec.labels, self.dtype)
-            model = PeftModel.from_pretrained(base, self.adapter.path)
-            self._gate = model.to(device=self.device, dtype=self._torch_dtype()).eval()
+            if not self.merged:
+                base = load_classifier(self.model_dir, self.adapter.spec.labels, self.dtype)
+                model = PeftModel.from_pretrained(base, self.adapter.path)
+                self._gate = model.to(device=self.device, dtype=self._torch_dtype()).eval()
+            else:
+                model = merged_gate_classifier(self.model_dir, self.adapter, self.dtype).to(self.device)
+                model.score.register_forward_pre_hook(lambda _, args: (args[0].float(),))  # fp32 head
+                self._gate = model.eval()
         return self._gate
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,

@@ -146,7 +146,10 @@ def test_eval_agreement_on_the_tiny_model(tiny: TinyModel, tmp_path: Path) -> No
                  "--ledger", str(tmp_path / "ledger.jsonl"), cwd=tmp_path)
     report = check_outputs(result, tmp_path / "a", tmp_path / "ledger.jsonl", "agreement", ["agreement.png"])
     pairs = report["pairs"]
-    assert set(pairs) == {"shared vs dedicated", "shared vs HF fp32", "dedicated vs HF fp32", "HF bf16 vs HF fp32"}
+    assert set(pairs) == {"shared vs dedicated", "shared vs HF fp32", "dedicated vs HF fp32", "HF bf16 vs HF fp32",
+                          "HF bf16 merged vs unmerged"}
+    assert f"beyond what the LoRA merge alone moves the same gate in HF bf16: {report['max_dp_beyond_merge']:.4f}" \
+        in (tmp_path / "a" / "report.md").read_text()
     assert all(p["n"] == 24 for p in pairs.values())
     assert not report["trained_adapter"] and report["judged_on_dp_only"]  # a random adapter: |dp| alone
     assert (result.returncode == 0) == (pairs["shared vs dedicated"]["max_dp"] <= 0.02)

@@ -43,13 +43,15 @@ class LiveServer:
         from gatehead.server.serve import DrainingServer
 
         open_demo_store(workdir / "index", log=lambda _: None).close()
-        # 8.5 MiB of KV: 2,176 tokens of the demo model (4 KiB each), just over one full-length request.
-        # 256 tokens a step: gate prompts are prefilled in chunks, their rows kept across steps, and
-        # preemption may restart them.
+        # KV for 2,176 tokens of the demo model (bf16 K and V of every layer), just over one full-length
+        # request. 256 tokens a step: gate prompts are prefilled in chunks, their rows kept across steps,
+        # and preemption may restart them.
+        shape = json.loads((MODEL_DIR / "config.json").read_text())
+        token_bytes = shape["num_hidden_layers"] * 2 * shape["num_key_value_heads"] * shape["head_dim"] * 2
         self.config = ServerConfig(model=MODEL_DIR, adapter=ADAPTER_DIR,
                                    store=StoreConfig(path=workdir / "index", collection=COLLECTION),
-                                   api_keys=(KEY,), max_inflight=64, kv_cache_bytes=17 << 19, max_model_len=2048,
-                                   block_size=32, max_num_batched_tokens=256,
+                                   api_keys=(KEY,), max_inflight=64, kv_cache_bytes=2176 * token_bytes,
+                                   max_model_len=2048, block_size=32, max_num_batched_tokens=256,
                                    canary=CanaryConfig(interval=5.0))
         self.app = create_app(self.config)
         with socket.socket() as s:
