@@ -71,15 +71,14 @@ def choose_thresholds(probs: np.ndarray, labels: Sequence[int], answer_precision
     y = np.asarray(labels)
     candidates = np.unique(np.concatenate([[0.0, 1.0], probs[:, 1]]))
     meeting = [t for t in sorted(set(probs[:, 0].tolist()))
-               if (probs[:, 0] >= t).any() and (y[probs[:, 0] >= t] == 0).mean() >= answer_precision]
-    best: tuple[float, float, float] | None = None  # (macro-F1, t_answer, t_refuse)
+               if (y[probs[:, 0] >= t] == 0).mean() >= answer_precision]  # t is a probability: never empty
+    scored = []  # (macro-F1, t_answer, t_refuse) per answer threshold, its best refuse threshold
     for t in meeting or [1.0]:  # unreachable: answer nothing below certainty
         f1 = refuse_threshold_f1(probs, y, t, candidates)
         i = int(np.argmax(f1))
-        if best is None or f1[i] > best[0]:
-            best = (float(f1[i]), float(t), float(candidates[i]))
-    assert best is not None
-    return Thresholds(answer=best[1], refuse=best[2]), bool(meeting)
+        scored.append((float(f1[i]), float(t), float(candidates[i])))
+    _, t_answer, t_refuse = max(scored, key=lambda s: s[0])  # the first best: the lowest answer threshold
+    return Thresholds(answer=t_answer, refuse=t_refuse), bool(meeting)
 
 
 def refuse_threshold_f1(probs: np.ndarray, y: np.ndarray, t_answer: float, candidates: np.ndarray) -> np.ndarray:
