@@ -244,9 +244,9 @@ def _ingest(args: argparse.Namespace) -> int:
 # Questions from the held-out test split: one answerable, one by order code (search), one out of scope.
 # The scripted demo: (thread, question). Turns sharing a thread are one conversation.
 DEMO_QUESTIONS = (
-    ("a", "How much does the Rowan Lantern cost?"),
+    ("a", "How much does the Strata Headlamp cost?"),
     ("a", "And its warranty?"),
-    ("b", "What is the price of the BS-370?"),
+    ("b", "What is the price of the GW-960?"),
     ("c", "How much does the Mistral Tent cost?"),
     ("d", "Who painted the Mona Lisa?"),
 )

@@ -3,7 +3,8 @@
 - generate: the corpus (`demo/corpus/*.md`) and labelled questions (`demo/questions.jsonl`), seeded;
 - label: retrieves for every question with the real retriever, keeps those whose retrieval behaves
   as the label says, writes `demo/data/{train,val,test}.jsonl` (CPU);
-- train-model: tokenizer and language model, written to `demo/model` (CUDA if present, else CPU);
+- train-model: tokenizer and language model, in the stages of `demo_recipe()`, written to
+  `demo/model` (CUDA if present, else CPU);
 - train-gate: the gate adapter on it, calibrated on val, evaluated on test: `demo/adapter` and
   `demo/report.json` (the two training stages need PyTorch only);
 - evaluate: the held-out figures again, from the committed model and adapter.
@@ -27,6 +28,7 @@ from gatehead.demo import ADAPTER_DIR, DEMO_DIR, MODEL_DIR
 
 if TYPE_CHECKING:
     from gatehead.demo.train import LMConfig, ModelSpec
+    from gatehead.gate.train import TrainConfig
 
 CORPUS_DIR = DEMO_DIR / "corpus"
 QUESTIONS = DEMO_DIR / "questions.jsonl"
@@ -74,8 +76,9 @@ def train_model(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, smoke: bool
                 spec: ModelSpec | None = None, config: LMConfig | None = None) -> dict:
     """Tokenizer and language model from the labelled training split plus synthetic knowledge bases.
 
-    `spec` and `config` default to the demo's own (`ModelSpec()`, `LMConfig()`), which made `demo/model`.
-    With `config.init_from`, `spec` is recorded as given and should describe that model.
+    `spec` and `config` default to `ModelSpec()` and `LMConfig()`, one stage of the first demo model's
+    recipe; `build_demo_model` runs the committed model's stages. With `config.init_from`, `spec`
+    is recorded as given and should describe that model.
     """
     import torch
 
@@ -125,15 +128,63 @@ def train_model(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, smoke: bool
     return report
 
 
-def train_gate_and_report(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, smoke: bool = False) -> dict:
-    """The gate adapter on the model in `out_dir/model`, calibrated on val; held-out figures on test."""
+def demo_recipe() -> tuple[ModelSpec, tuple[LMConfig, ...], TrainConfig]:
+    """The committed model's recipe: its shape, four training stages (each continuing the one before)
+    and the gate's training. The README says what each stage changed and what it fixed."""
+    from gatehead.demo.train import LMConfig, ModelSpec
+    from gatehead.gate.train import TrainConfig
+
+    spec = ModelSpec(num_layers=12, num_heads=8, head_dim=32, num_kv_heads=4, split_digits=True,
+                     tokenizer_corpus="real")
+    stages = (
+        # 400 synthetic knowledge bases seen about once each (one H200: 545 s of training).
+        LMConfig(knowledge_bases=400, epochs=4, batch_size=256, learning_rate=1.5e-3, warmup_steps=200,
+                 max_steps=4024, same_category_negatives=True),
+        # 200 fresh ones at a lower rate (one H200: 289 s).
+        LMConfig(knowledge_bases=200, epochs=4, batch_size=256, learning_rate=1e-3, warmup_steps=200,
+                 max_steps=2186, same_category_negatives=True, data_seed=7),
+        # Then synthetic names of every shape held-out names have, twice on fresh knowledge bases (a
+        # 2-core CPU in bf16: 1,321 and 1,335 s of training).
+        *(LMConfig(knowledge_bases=4, epochs=4, batch_size=32, learning_rate=3e-4, warmup_steps=49, max_steps=240,
+                   same_category_negatives=True, wide_names=True, data_seed=seed, cpu_bf16=True) for seed in (11, 12)),
+    )
+    gate = TrainConfig(epochs=3, patience=2, batch_size=16, learning_rate=1e-3, seed=SEED)
+    return spec, stages, gate
+
+
+def build_demo_model(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, smoke: bool = False) -> dict:
+    """`demo_recipe()`'s stages into `out_dir/model`, the earlier ones into `out_dir/stages/<n>/model`.
+
+    The final `training.json` lists every stage's record under "stages" (its own is the last).
+    """
+    spec, stages, _ = demo_recipe()
+    records: list[dict] = []
+    source: Path | None = None
+    for n, config in enumerate(stages, 1):
+        stage_dir = out_dir if n == len(stages) else out_dir / "stages" / str(n)
+        if source is not None:
+            config = replace(config, init_from=str(source))
+        report = train_model(data_dir, stage_dir, smoke, spec, config)
+        records.append({k: v for k, v in report.items() if k != "log"})
+        source = stage_dir / "model"
+    path = out_dir / "model" / "training.json"
+    path.write_text(json.dumps({**report, "stages": records}, indent=2) + "\n")
+    return {**report, "stages": records}
+
+
+def train_gate_and_report(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, smoke: bool = False,
+                          config: TrainConfig | None = None) -> dict:
+    """The gate adapter on the model in `out_dir/model`, calibrated on val; held-out figures on test.
+
+    `config` defaults to the committed gate's (`demo_recipe()`).
+    """
     import torch
 
     from gatehead.demo.evaluate import evaluate
     from gatehead.demo.train import ModelSpec
     from gatehead.gate.calibrate import calibrate
     from gatehead.gate.data import parse_example
-    from gatehead.gate.train import TrainConfig, train_gate
+    from gatehead.gate.train import train_gate
 
     started = time.time()
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -148,8 +199,8 @@ def train_gate_and_report(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, s
                  for r in rows if r["label"] == "search"]
         return [parse_example(r, f"{name}:{i}") for i, r in enumerate(rows + found, 1)]
 
-    config = TrainConfig(epochs=2 if smoke else 12, patience=3, batch_size=16, learning_rate=1e-3,
-                         max_context=window, seed=SEED)
+    config = config or demo_recipe()[2]
+    config = replace(config, max_context=window, epochs=2 if smoke else config.epochs)
     result = train_gate(model_dir, gate_examples(records["train"], "train"), gate_examples(records["val"], "val"),
                         adapter_dir, config)
     calibration = calibrate(model_dir, adapter_dir, [parse_example(r, f"val:{i}") for i, r in
@@ -184,8 +235,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(json.dumps(label(build_kb(SEED), CORPUS_DIR, QUESTIONS, DATA_DIR), indent=2))
     elif args.stage == "train-model":
-        report = train_model(out_dir=args.out_dir, smoke=args.smoke)
-        print(json.dumps({k: report[k] for k in ("seconds", "examples")}))
+        report = build_demo_model(out_dir=args.out_dir, smoke=args.smoke)
+        print(json.dumps([{k: stage[k] for k in ("seconds", "examples", "steps")} for stage in report["stages"]]))
     elif args.stage == "train-gate":
         report = train_gate_and_report(out_dir=args.out_dir, smoke=args.smoke)
         print(json.dumps(report["test"], indent=2, ensure_ascii=False))

@@ -23,8 +23,8 @@ from gatehead.retrieval.config import StoreConfig
 from gatehead.retrieval.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
-ROWAN = "How much does the Rowan Lantern cost?"
-BY_CODE = "What is the price of the BS-370?"  # the notice names the product; the rewrite finds its price
+STRATA = "How much does the Strata Headlamp cost?"
+BY_CODE = "What is the price of the GW-960?"  # the notice names the product; the rewrite finds its price
 GHOST = "How much does the Mistral Tent cost?"  # no such product
 
 
@@ -52,10 +52,10 @@ def nodes(result) -> list[str]:
 
 
 def test_answer_route_reuses_the_gate_prefill(agent, loop) -> None:
-    result = loop.run(agent.ask(ROWAN))
-    assert result.decision == "answer" and result.answer == "€354 [1]" and not result.error
+    result = loop.run(agent.ask(STRATA))
+    assert result.decision == "answer" and result.answer == "€64 [1]" and not result.error
     assert nodes(result) == ["retrieve", "gate", "generate", "finish"]
-    assert result.queries == [ROWAN] and result.sources[0] == "products/rowan-lantern.md"
+    assert result.queries == [STRATA] and result.sources[0] == "products/strata-headlamp.md"
     [gate] = result.gates
     assert gate["decision"] == "answer" and math.isclose(sum(gate["probs"].values()), 1.0, abs_tol=1e-3)
     generate = result.timings[2]
@@ -65,9 +65,9 @@ def test_answer_route_reuses_the_gate_prefill(agent, loop) -> None:
 
 
 def test_an_answer_cut_at_its_budget_says_length_and_the_salt_is_never_checkpointed(agent, saver, loop) -> None:
-    result = loop.run(agent.ask(ROWAN, "budget", max_answer_tokens=1, cache_salt="tenant-secret-salt"))
+    result = loop.run(agent.ask(STRATA, "budget", max_answer_tokens=1, cache_salt="tenant-secret-salt"))
     assert result.decision == "answer" and result.finish_reason == "length"
-    assert loop.run(agent.ask(ROWAN, "budget")).finish_reason == "stop"
+    assert loop.run(agent.ask(STRATA, "budget")).finish_reason == "stop"
 
     async def stored() -> str:
         return "".join(repr(c) for c in [item async for item in saver.alist({"configurable": {"thread_id": "budget"}})])
@@ -75,16 +75,16 @@ def test_an_answer_cut_at_its_budget_says_length_and_the_salt_is_never_checkpoin
     text = loop.run(stored())
     assert "budget" in text and "tenant-secret-salt" not in text
     with pytest.raises(ValueError, match="max_answer_tokens"):
-        loop.run(agent.ask(ROWAN, max_answer_tokens=0))
+        loop.run(agent.ask(STRATA, max_answer_tokens=0))
 
 
 def test_search_route_rewrites_then_answers(agent, loop) -> None:
     result = loop.run(agent.ask(BY_CODE))
     assert [g["decision"] for g in result.gates] == ["search", "answer"]
-    assert result.queries == [BY_CODE, "What is the price of the Rowan Lantern?"]
+    assert result.queries == [BY_CODE, "What is the price of the Strata Headlamp?"]
     assert nodes(result) == ["retrieve", "gate", "rewrite", "retrieve", "gate", "generate", "finish"]
-    assert result.decision == "answer" and result.answer == "€354 [1]"
-    assert "products/rowan-lantern.md" in result.sources
+    assert result.decision == "answer" and result.answer == "€64 [1]"
+    assert "products/strata-headlamp.md" in result.sources
 
 
 def test_refuse_route_answers_without_generating(agent, loop) -> None:
@@ -118,26 +118,26 @@ def test_search_loop_is_bounded_and_ends_in_an_honest_refusal(demo_shared, store
 
 
 def test_follow_up_is_made_standalone_and_the_thread_persists(agent, loop) -> None:
-    first = loop.run(agent.ask(ROWAN, "follow-up"))
+    first = loop.run(agent.ask(STRATA, "follow-up"))
     second = loop.run(agent.ask("And its warranty?", "follow-up"))
-    assert second.standalone == "What is the warranty of the Rowan Lantern?"
+    assert second.standalone == "What is the warranty of the Strata Headlamp?"
     assert second.queries == [second.standalone] and nodes(second)[0] == "contextualize"
-    assert second.decision == "answer" and second.answer == "4 years [1]"
+    assert second.decision == "answer" and second.answer == "2 years [1]"
     history = loop.run(agent.history("follow-up"))
-    assert [(t.role, t.text) for t in history] == [("user", ROWAN), ("assistant", first.answer),
+    assert [(t.role, t.text) for t in history] == [("user", STRATA), ("assistant", first.answer),
                                                    ("user", "And its warranty?"), ("assistant", second.answer)]
     assert loop.run(agent.history("another-thread")) == []
 
 
 def test_context_budget_drops_the_oldest_turns(agent, loop) -> None:
     thread = "long"
-    loop.run(agent.ask(ROWAN, thread))
+    loop.run(agent.ask(STRATA, thread))
     chatter = " ".join(["The weather at the coast was grey and windy all week long."] * 12)
     long_history = [{"role": role, "text": f"{i}: {chatter}"} for i in range(24) for role in ("user", "assistant")]
     config = agent._config(thread)
     state = loop.run(agent.graph.aget_state(config)).values
     loop.run(agent.graph.aupdate_state(config, {"history": long_history + state["history"]}, as_node="finish"))
-    result = loop.run(agent.ask(ROWAN, thread))
+    result = loop.run(agent.ask(STRATA, thread))
     dropped = result.dropped["turns"]
     assert dropped and dropped == list(range(len(dropped)))  # the oldest ones, in order
     assert len(dropped) < len(long_history) + 2  # the latest turns stayed
@@ -148,23 +148,23 @@ def test_a_failing_store_ends_the_turn_with_an_error_and_no_answer(demo_shared, 
     store = Store(StoreConfig(path=tmp_path / "q", collection="demo"), embedder)
     agent = Agent(demo_shared, store)
     store.close()  # the store is gone: every search raises
-    result = loop.run(agent.ask(ROWAN, "broken"))
+    result = loop.run(agent.ask(STRATA, "broken"))
     assert result.decision == "error" and result.answer == "" and not result.gates
-    assert result.error.startswith(f"retrieval failed for {ROWAN!r}: RuntimeError:")
+    assert result.error.startswith(f"retrieval failed for {STRATA!r}: RuntimeError:")
     assert nodes(result) == ["retrieve", "failed"]
     assert loop.run(agent.history("broken")) == []  # a failed turn is not part of the conversation
 
 
 def test_stream_yields_node_events_and_answer_tokens(agent, loop) -> None:
     async def collect():
-        return [event async for event in agent.stream(ROWAN)]
+        return [event async for event in agent.stream(STRATA)]
 
     events = loop.run(collect())
     kinds = [e.kind for e in events]
     assert kinds[-1] == "final" and kinds.count("final") == 1
     assert [e.node for e in events if e.kind == "node"] == ["begin", "retrieve", "gate", "generate", "finish"]
     tokens = "".join(e.text for e in events if e.kind == "token")
-    assert tokens.strip() == events[-1].result.answer == "€354 [1]"
+    assert tokens.strip() == events[-1].result.answer == "€64 [1]"
     assert kinds.index("token") < kinds.index("final")  # tokens arrive before the turn ends
     gate_event = next(e for e in events if e.node == "gate")
     assert gate_event.data["gates"][-1]["decision"] == "answer"
@@ -199,10 +199,10 @@ def test_threads_persist_in_postgres(demo_shared, store, loop, tmp_path) -> None
             async with open_checkpointer(url) as saver:  # a fresh connection and Agent each time
                 return await Agent(demo_shared, store, checkpointer=saver).ask(question, "pg-thread")
 
-        first = loop.run(turn(ROWAN))
+        first = loop.run(turn(STRATA))
         second = loop.run(turn("And its warranty?"))
-        assert first.answer == "€354 [1]"
-        assert second.standalone == "What is the warranty of the Rowan Lantern?" and second.answer == "4 years [1]"
+        assert first.answer == "€64 [1]"
+        assert second.standalone == "What is the warranty of the Strata Headlamp?" and second.answer == "2 years [1]"
     finally:
         server.cleanup()
 

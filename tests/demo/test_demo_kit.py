@@ -157,3 +157,27 @@ def test_the_model_build_trains_then_continues_a_model(tmp_path: Path) -> None:
     # The step count must be fixed during warm-up, so that the schedule equals a max_steps run's.
     with pytest.raises(ValueError, match="warmup_steps"):
         LMConfig(seconds=60, warmup_steps=100)
+
+
+def test_the_demo_recipe_runs_its_stages_in_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`train-model` chains the recipe's stages; the final training.json records each (tiny shapes here)."""
+    from gatehead.demo import build
+    from gatehead.demo.train import LMConfig, ModelSpec
+
+    spec, stages, gate = build.demo_recipe()
+    assert len(stages) == 4 and stages[-1].wide_names and not any(s.init_from for s in stages)
+    tiny = ModelSpec(num_layers=2, hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=1, head_dim=16,
+                     vocab_size=600, split_digits=True, tokenizer_corpus="real")
+    steps = (3, 2, 1)
+    monkeypatch.setattr(build, "demo_recipe", lambda: (tiny, tuple(
+        LMConfig(knowledge_bases=1, batch_size=8, max_steps=n, warmup_steps=1, device="cpu", data_seed=i,
+                 wide_names=i == 2) for i, n in enumerate(steps)), gate))
+    report = build.build_demo_model(out_dir=tmp_path)
+    record = json.loads((tmp_path / "model" / "training.json").read_text())
+    assert [s["steps"] for s in record["stages"]] == list(steps) == [s["steps"] for s in report["stages"]]
+    assert [s["config"]["init_from"] for s in record["stages"]] == [
+        None, str(tmp_path / "stages" / "1" / "model"), str(tmp_path / "stages" / "2" / "model")]
+    assert record["config"] == record["stages"][-1]["config"] and record["log"][-1]["step"] == 1
+    tokenizers = {(d / "tokenizer.json").read_bytes() for d in
+                  (tmp_path / "stages" / "1" / "model", tmp_path / "stages" / "2" / "model", tmp_path / "model")}
+    assert len(tokenizers) == 1

@@ -22,7 +22,7 @@ GATEHEAD = str(Path(sys.executable).parent / "gatehead")
 KEY = "test-key-1"
 OTHER_KEY = "test-key-2"
 AUTH = {"Authorization": f"Bearer {KEY}"}
-ROWAN = "How much does the Rowan Lantern cost?"
+STRATA = "How much does the Strata Headlamp cost?"
 # `gatehead serve` as deployed: vLLM's engine-core and worker processes (tests/conftest.py runs other
 # tests' engines with the worker inside the engine-core process).
 SERVE_ENV = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
@@ -106,25 +106,25 @@ def test_probes_are_open_and_every_other_route_needs_a_key(server: Server) -> No
 
 
 def test_gate_single_and_batched(server: Server) -> None:
-    one = server.post("/v1/gate", {"question": ROWAN, "documents": [
-        {"text": "The Rowan Lantern costs €354.", "title": "Rowan Lantern", "source": "rowan.md"}]})
+    one = server.post("/v1/gate", {"question": STRATA, "documents": [
+        {"text": "The Strata Headlamp costs €64.", "title": "Strata Headlamp", "source": "strata.md"}]})
     assert one.status_code == 200, one.text
     body = one.json()
     assert body["decision"] in ("answer", "refuse", "search") and abs(sum(body["probs"].values()) - 1) < 1e-3
-    batch = server.post("/v1/gate", {"items": [{"question": ROWAN, "documents": ["The Rowan Lantern costs €354."]},
+    batch = server.post("/v1/gate", {"items": [{"question": STRATA, "documents": ["The Strata Headlamp costs €64."]},
                                                {"question": "Who painted the Mona Lisa?",
                                                 "thresholds": {"answer": 1.0, "refuse": 1.0}}]})
     assert batch.status_code == 200, batch.text
     first, second = batch.json()["results"]
     assert second["decision"] == "search" and second["thresholds"] == {"answer": 1.0, "refuse": 1.0}
-    assert first["probs"] == pytest.approx(server.post("/v1/gate", {"question": ROWAN, "documents": [
-        "The Rowan Lantern costs €354."]}).json()["probs"], abs=0.02)
+    assert first["probs"] == pytest.approx(server.post("/v1/gate", {"question": STRATA, "documents": [
+        "The Strata Headlamp costs €64."]}).json()["probs"], abs=0.02)
 
 
 def test_bad_requests_get_clear_errors(server: Server) -> None:
-    bad = server.post("/v1/gate", {"question": ROWAN, "thresholds": {"answer": 2}})
+    bad = server.post("/v1/gate", {"question": STRATA, "thresholds": {"answer": 2}})
     assert bad.status_code == 400 and "[0, 1]" in bad.json()["error"]["message"]
-    unknown = server.post("/v1/gate", {"question": ROWAN, "colour": "red"})
+    unknown = server.post("/v1/gate", {"question": STRATA, "colour": "red"})
     assert unknown.status_code == 422
     long = server.post("/v1/gate", {"question": "lantern " * 3000})
     assert long.status_code == 400 and "2048-token window" in long.json()["error"]["message"]
@@ -138,14 +138,14 @@ def test_bad_requests_get_clear_errors(server: Server) -> None:
 
     chunked = server.client.post("/v1/gate", content=chunks(), headers={**AUTH, "content-type": "application/json"})
     assert chunked.status_code == 413 and "byte limit" in chunked.json()["error"]["message"]
-    timeout = server.post("/v1/gate", {"question": ROWAN}, {"X-Gatehead-Timeout": "soon"})
+    timeout = server.post("/v1/gate", {"question": STRATA}, {"X-Gatehead-Timeout": "soon"})
     assert timeout.status_code == 400 and "X-Gatehead-Timeout" in timeout.json()["error"]["message"]
-    assert server.post("/v1/agent/chat", {"message": ROWAN, "thread_id": "a\u0000b"}).status_code == 422
+    assert server.post("/v1/agent/chat", {"message": STRATA, "thread_id": "a\u0000b"}).status_code == 422
     assert server.post("/v1/agent/chat", {"message": "   "}).status_code == 400
     empty = server.post("/v1/chat/completions", {"model": "gatehead-agent", "stream": True,
                                                  "messages": [{"role": "user", "content": " "}]})
     assert empty.status_code == 400 and "empty" in empty.json()["error"]["message"]
-    batch = server.post("/v1/gate", {"items": [{"question": ROWAN}, {"question": ROWAN, "thresholds": {"x": 1}}]})
+    batch = server.post("/v1/gate", {"items": [{"question": STRATA}, {"question": STRATA, "thresholds": {"x": 1}}]})
     assert batch.status_code == 400 and "unknown threshold" in batch.json()["error"]["message"]
     model = server.post("/v1/chat/completions", {"model": "nope", "messages": [{"role": "user", "content": "hi"}]})
     assert model.status_code == 404 and "gatehead-agent" in model.json()["error"]["message"]
@@ -155,22 +155,22 @@ def test_bad_requests_get_clear_errors(server: Server) -> None:
 
 
 def test_agent_chat_json_threads_are_per_key(server: Server) -> None:
-    first = server.post("/v1/agent/chat", {"message": ROWAN, "thread_id": "t-1"})
+    first = server.post("/v1/agent/chat", {"message": STRATA, "thread_id": "t-1"})
     assert first.status_code == 200, first.text
     body = first.json()
-    assert body["answer"] == "€354 [1]" and body["decision"] == "answer" and body["thread_id"] == "t-1"
-    assert body["sources"][0] == "products/rowan-lantern.md" and set(body["probabilities"]) == {
+    assert body["answer"] == "€64 [1]" and body["decision"] == "answer" and body["thread_id"] == "t-1"
+    assert body["sources"][0] == "products/strata-headlamp.md" and set(body["probabilities"]) == {
         "answer", "refuse", "search"}
     follow = server.post("/v1/agent/chat", {"message": "And its warranty?", "thread_id": "t-1"}).json()
-    assert follow["queries"] == ["What is the warranty of the Rowan Lantern?"] and follow["answer"] == "4 years [1]"
-    # The same thread id under another key is another thread: it has no Rowan Lantern to refer back to.
+    assert follow["queries"] == ["What is the warranty of the Strata Headlamp?"] and follow["answer"] == "2 years [1]"
+    # The same thread id under another key is another thread: it has no Strata Headlamp to refer back to.
     other = server.post("/v1/agent/chat", {"message": "And its warranty?", "thread_id": "t-1"},
                         headers={"Authorization": f"Bearer {OTHER_KEY}"}).json()
     assert other["queries"] != follow["queries"]
 
 
 def test_agent_chat_streams_server_sent_events(server: Server) -> None:
-    with server.client.stream("POST", "/v1/agent/chat", json={"message": "What is the price of the BS-370?",
+    with server.client.stream("POST", "/v1/agent/chat", json={"message": "What is the price of the GW-960?",
                                                               "stream": True}, headers=AUTH) as response:
         assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
         events = [(block.split("\n")[0][7:], json.loads(block.split("\n")[1][6:]))
@@ -180,7 +180,7 @@ def test_agent_chat_streams_server_sent_events(server: Server) -> None:
     nodes = [data["node"] for kind, data in events if kind == "node"]
     assert nodes == ["begin", "retrieve", "gate", "rewrite", "retrieve", "gate", "generate", "finish"]
     final = events[-1][1]
-    assert "".join(d["text"] for k, d in events if k == "token").strip() == final["answer"] == "€354 [1]"
+    assert "".join(d["text"] for k, d in events if k == "token").strip() == final["answer"] == "€64 [1]"
     assert [g["decision"] for g in final["gates"]] == ["search", "answer"]
 
 
@@ -189,14 +189,14 @@ def test_openai_client_agent_and_plain_models(server: Server) -> None:
 
     client = OpenAI(base_url=f"{server.url}/v1", api_key=KEY)
     assert {m.id for m in client.models.list()} == {"gatehead-agent", "gatehead-demo"}
-    reply = client.chat.completions.create(model="gatehead-agent", messages=[{"role": "user", "content": ROWAN}])
-    assert reply.choices[0].message.content == "€354 [1]" and reply.choices[0].finish_reason == "stop"
+    reply = client.chat.completions.create(model="gatehead-agent", messages=[{"role": "user", "content": STRATA}])
+    assert reply.choices[0].message.content == "€64 [1]" and reply.choices[0].finish_reason == "stop"
     assert reply.model_extra["gatehead"]["decision"] == "answer"
     # The conversation comes in the messages: the follow-up is made standalone from them.
     follow = client.chat.completions.create(model="gatehead-agent", messages=[
-        {"role": "user", "content": ROWAN}, {"role": "assistant", "content": "€354 [1]"},
+        {"role": "user", "content": STRATA}, {"role": "assistant", "content": "€64 [1]"},
         {"role": "user", "content": "And its warranty?"}])
-    assert follow.choices[0].message.content == "4 years [1]"
+    assert follow.choices[0].message.content == "2 years [1]"
     chunks = list(client.chat.completions.create(model="gatehead-agent", stream=True, messages=[
         {"role": "user", "content": "How much does the Mistral Tent cost?"}]))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -214,8 +214,8 @@ def test_langchain_chat_openai_works_unchanged(server: Server) -> None:
     from langchain_openai import ChatOpenAI
 
     llm = ChatOpenAI(base_url=f"{server.url}/v1", api_key=KEY, model="gatehead-agent", temperature=0)
-    assert llm.invoke(ROWAN).content == "€354 [1]"
-    assert "".join(chunk.content for chunk in llm.stream(ROWAN)) == "€354 [1]"
+    assert llm.invoke(STRATA).content == "€64 [1]"
+    assert "".join(chunk.content for chunk in llm.stream(STRATA)) == "€64 [1]"
 
 
 def engine_gauge(server: Server, name: str) -> float:
@@ -250,7 +250,7 @@ def eventually(check, seconds: float = 30.0) -> None:
 
 def only_this_request_runs(server: Server) -> bool:
     """True once a gate request runs alone in the engine: nothing earlier is still generating."""
-    assert server.post("/v1/gate", {"question": ROWAN}).status_code == 200
+    assert server.post("/v1/gate", {"question": STRATA}).status_code == 200
     return engine_gauge(server, "running") <= 1
 
 
@@ -282,7 +282,7 @@ def test_a_stream_past_its_deadline_ends_with_an_error_event_and_frees_the_engin
         chunks = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
     assert any(c["choices"][0]["delta"].get("content") for c in chunks if "choices" in c)  # tokens came first
     assert chunks[-1]["error"]["code"] == 504 and chunks[-1]["error"]["type"] == "timeout"
-    with server.client.stream("POST", "/v1/agent/chat", json={"message": "What is the price of the BS-370?",
+    with server.client.stream("POST", "/v1/agent/chat", json={"message": "What is the price of the GW-960?",
                                                               "thread_id": "late", "stream": True},
                               headers={**AUTH, "X-Gatehead-Timeout": "0.3"}) as response:
         assert response.status_code == 200
@@ -291,19 +291,19 @@ def test_a_stream_past_its_deadline_ends_with_an_error_event_and_frees_the_engin
     assert metric(server, "gatehead_deadline_exceeded_total") == before + 2
     eventually(lambda: only_this_request_runs(server))
     # The cut turn released its thread: the next turn on it runs (and first finishes the cut one).
-    assert server.post("/v1/agent/chat", {"message": ROWAN, "thread_id": "late"}).status_code == 200
+    assert server.post("/v1/agent/chat", {"message": STRATA, "thread_id": "late"}).status_code == 200
 
 
 def test_one_turn_at_a_time_per_thread(server: Server) -> None:
-    with server.client.stream("POST", "/v1/agent/chat", json={"message": "What is the price of the BS-370?",
+    with server.client.stream("POST", "/v1/agent/chat", json={"message": "What is the price of the GW-960?",
                                                               "thread_id": "busy", "stream": True},
                               headers=AUTH) as response:
         lines = response.iter_lines()
         assert next(lines) == "event: node"  # the turn has begun: the thread is claimed
-        clash = server.post("/v1/agent/chat", {"message": ROWAN, "thread_id": "busy"})
+        clash = server.post("/v1/agent/chat", {"message": STRATA, "thread_id": "busy"})
         assert clash.status_code == 409 and "already has a turn" in clash.json()["error"]["message"]
         assert "event: final" in list(lines)
-    assert server.post("/v1/agent/chat", {"message": ROWAN, "thread_id": "busy"}).status_code == 200
+    assert server.post("/v1/agent/chat", {"message": STRATA, "thread_id": "busy"}).status_code == 200
 
 
 def test_openai_sampling_fields_are_honoured_or_refused(server: Server) -> None:
@@ -327,7 +327,7 @@ def test_openai_sampling_fields_are_honoured_or_refused(server: Server) -> None:
         refused = complete(**fields)
         assert refused.status_code == 400 and named in refused.json()["error"]["message"], refused.text
     assert complete(tools=[], response_format={"type": "text"}, user="u-1").status_code == 200  # "not used"
-    agent = {"model": "gatehead-agent", "messages": [{"role": "user", "content": ROWAN}]}
+    agent = {"model": "gatehead-agent", "messages": [{"role": "user", "content": STRATA}]}
     hot = server.post("/v1/chat/completions", {**agent, "temperature": 0.7})
     assert hot.status_code == 400 and "temperature" in hot.json()["error"]["message"]
     short = server.post("/v1/chat/completions", {**agent, "max_tokens": 1}).json()["choices"][0]
@@ -345,7 +345,7 @@ def test_schema_fuzzing_finds_no_server_errors(server: Server, workdir: Path) ->
 
 
 def test_metrics_count_requests_decisions_and_engine_state(server: Server) -> None:
-    server.post("/v1/gate", {"question": ROWAN})
+    server.post("/v1/gate", {"question": STRATA})
     text = server.client.get("/metrics", headers=AUTH).text
     assert 'gatehead_requests_total{route="/v1/gate",status="200"}' in text
     assert "gatehead_gate_decisions_total" in text and 'gatehead_gate_probability_bucket{label="answer"' in text
@@ -367,11 +367,11 @@ def test_the_guard_retries_then_reports_degenerate_output(workdir: Path) -> None
         plain = tripping.post("/v1/chat/completions", {**STORY, "max_tokens": 8})
         assert plain.status_code == 502 and plain.json()["error"]["type"] == "degenerate_output"
         assert "improbable" in plain.json()["error"]["message"]
-        with tripping.client.stream("POST", "/v1/agent/chat", json={"message": ROWAN, "stream": True},
+        with tripping.client.stream("POST", "/v1/agent/chat", json={"message": STRATA, "stream": True},
                                     headers=AUTH) as response:
             body = "".join(response.iter_text())
         assert "event: degenerate_output" in body and '"reason": "improbable"' in body
-        assert tripping.post("/v1/gate", {"question": ROWAN}).status_code == 200  # gates do not generate
+        assert tripping.post("/v1/gate", {"question": STRATA}).status_code == 200  # gates do not generate
         text = tripping.client.get("/metrics", headers=AUTH).text
         assert 'gatehead_degenerate_output_total{reason="improbable"} 4.0' in text
         assert "gatehead_guard_retries_total 2.0" in text and "gatehead_guard_streams_ended_total 2.0" in text
@@ -401,11 +401,11 @@ class HeldRequest:
 
 
 def test_load_is_shed_with_retry_after_and_deadlines_cancel_work(server: Server) -> None:
-    held = [HeldRequest(server, "/v1/gate", {"question": ROWAN}) for _ in range(2)]  # --max-inflight 2
-    shed = server.post("/v1/gate", {"question": ROWAN})
+    held = [HeldRequest(server, "/v1/gate", {"question": STRATA}) for _ in range(2)]  # --max-inflight 2
+    shed = server.post("/v1/gate", {"question": STRATA})
     assert shed.status_code == 503 and shed.headers["retry-after"] == "1", shed.text
     assert [h.finish() for h in held] == [200, 200]
-    assert server.post("/v1/gate", {"question": ROWAN}).status_code == 200  # slots free again
+    assert server.post("/v1/gate", {"question": STRATA}).status_code == 200  # slots free again
     started, before = time.monotonic(), metric(server, "gatehead_deadline_exceeded_total")
     late = server.post("/v1/chat/completions", STORY, {"X-Gatehead-Timeout": "0.05"})
     assert late.status_code == 504 and time.monotonic() - started < 10, late.text
@@ -465,10 +465,10 @@ def test_chat_page_in_headless_chromium(server: Server) -> None:
                     }
                 }).observe(document.getElementById('conversation'), {subtree: true, childList: true});
             }""")
-            ask(page, ROWAN)
+            ask(page, STRATA)
             first = page.locator(".turn.assistant").nth(0)
             expect(first.locator(".badge")).to_have_text("answer", timeout=60_000)
-            expect(first.locator(".bubble")).to_have_text("€354 [1]")
+            expect(first.locator(".bubble")).to_have_text("€64 [1]")
             seen = page.evaluate("window.seen")
             assert ["badge", ""] in seen, seen
             before_badge = seen[:seen.index(["badge", ""])]
@@ -476,13 +476,13 @@ def test_chat_page_in_headless_chromium(server: Server) -> None:
             assert len([t for kind, t in before_badge if kind == "text" and t]) >= 2, f"no streamed tokens: {seen}"
             assert first.locator(".prob").count() == 3
             source = first.locator(".sources details").first
-            expect(source.locator("summary")).to_contain_text("Rowan Lantern")
+            expect(source.locator("summary")).to_contain_text("Strata Headlamp")
             source.locator("summary").click()
-            expect(source.locator("pre")).to_contain_text("€354")
+            expect(source.locator("pre")).to_contain_text("€64")
             page.screenshot(path=ARTIFACTS / "chat-answer.png")
 
             ask(page, "And its warranty?")  # the same thread: the follow-up refers back
-            expect(page.locator(".turn.assistant").nth(1).locator(".bubble")).to_have_text("4 years [1]",
+            expect(page.locator(".turn.assistant").nth(1).locator(".bubble")).to_have_text("2 years [1]",
                                                                                           timeout=60_000)
             ask(page, "How much does the Mistral Tent cost?")
             refusal = page.locator(".turn.assistant").nth(2)
@@ -504,12 +504,12 @@ def test_chat_page_in_headless_chromium(server: Server) -> None:
             page.keyboard.press("Enter")
             expect(page.locator(".turn")).to_have_count(0)
 
-            held = [HeldRequest(server, "/v1/gate", {"question": ROWAN}) for _ in range(2)]  # --max-inflight 2
-            ask(page, ROWAN)
+            held = [HeldRequest(server, "/v1/gate", {"question": STRATA}) for _ in range(2)]  # --max-inflight 2
+            ask(page, STRATA)
             expect(page.locator(".turn.error .bubble")).to_contain_text("busy")
             assert [h.finish() for h in held] == [200, 200]
             page.route("**/v1/agent/chat", lambda route: route.abort())  # the server is gone
-            ask(page, ROWAN)
+            ask(page, STRATA)
             expect(page.locator(".turn.error .bubble").nth(1)).to_contain_text("Cannot reach the server")
             page.screenshot(path=ARTIFACTS / "chat-errors.png")
         finally:
@@ -524,19 +524,19 @@ def ask(page, question: str) -> None:
 
 
 def test_sigterm_drains_then_a_restart_continues_the_thread(server: Server, workdir: Path) -> None:
-    before = server.post("/v1/agent/chat", {"message": ROWAN, "thread_id": "restart"}).json()
-    held = HeldRequest(server, "/v1/gate", {"question": ROWAN})
+    before = server.post("/v1/agent/chat", {"message": STRATA, "thread_id": "restart"}).json()
+    held = HeldRequest(server, "/v1/gate", {"question": STRATA})
     server.process.send_signal(signal.SIGTERM)
     time.sleep(0.5)
     assert server.client.get("/readyz").status_code == 503  # draining: not ready, still serving
-    assert server.post("/v1/gate", {"question": ROWAN}).status_code == 503  # no new work
+    assert server.post("/v1/gate", {"question": STRATA}).status_code == 503  # no new work
     assert held.finish() == 200  # the request in flight finished
     assert server.process.wait(60) == 0
     again = Server(workdir)
     try:
         follow = again.post("/v1/agent/chat", {"message": "And its warranty?", "thread_id": "restart"}).json()
-        assert follow["queries"] == ["What is the warranty of the Rowan Lantern?"]  # the thread survived
-        assert again.post("/v1/agent/chat", {"message": ROWAN}).json()["answer"] == before["answer"]
+        assert follow["queries"] == ["What is the warranty of the Strata Headlamp?"]  # the thread survived
+        assert again.post("/v1/agent/chat", {"message": STRATA}).json()["answer"] == before["answer"]
         import psutil
 
         engine = [p for p in psutil.Process(again.process.pid).children(recursive=True)
@@ -598,16 +598,17 @@ def two_replicas(url: str, tmp_path_factory) -> None:
         raise failed[0]
     a, b = (f.result() for f in starting)
     try:
-        first = a.post("/v1/agent/chat", {"message": ROWAN, "thread_id": "shared"}).json()
+        first = a.post("/v1/agent/chat", {"message": STRATA, "thread_id": "shared"}).json()
         follow = b.post("/v1/agent/chat", {"message": "And its warranty?", "thread_id": "shared"}).json()
-        assert first["answer"] == "€354 [1]"
-        assert follow["queries"] == ["What is the warranty of the Rowan Lantern?"] and follow["answer"] == "4 years [1]"
+        assert first["answer"] == "€64 [1]"
+        assert follow["queries"] == ["What is the warranty of the Strata Headlamp?"]
+        assert follow["answer"] == "2 years [1]"
         history = a.client.get("/v1/agent/threads/shared", headers=AUTH).json()["turns"]
-        assert [m["text"] for m in history] == [ROWAN, "€354 [1]", "And its warranty?", "4 years [1]"]
+        assert [m["text"] for m in history] == [STRATA, "€64 [1]", "And its warranty?", "2 years [1]"]
 
         # A turn that searches: killed on A once its first gate is checkpointed (the rewrite after it has
         # run), retried on B.
-        question = "What is the price of the BS-370?"
+        question = "What is the price of the GW-960?"
         with a.client.stream("POST", "/v1/agent/chat", json={"message": question, "thread_id": "cut",
                                                              "stream": True}, headers=AUTH) as response:
             for line in response.iter_lines():
