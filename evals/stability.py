@@ -87,7 +87,7 @@ async def generation_pass(engine: SharedEngine, prompts: Sequence[Sequence[int]]
              for g in gate_prompts]
     interleaved = [c for pair in zip(generations, gates, strict=False) for c in pair]
     interleaved += generations[len(gates):] + gates[len(generations):]
-    results = await asyncio.gather(*interleaved, return_exceptions=True)
+    results = await engine.together(interleaved)
     for r in results:
         if isinstance(r, BaseException) and not (gates_may_fail and isinstance(r, GateError)):
             raise r

@@ -13,16 +13,18 @@ import asyncio
 import math
 import os
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from gatehead.gate.adapter import GateAdapter, load_gate_adapter
 from gatehead.gate.policy import LABELS, GateResult, Thresholds, gate_result
 from gatehead.gate.prompt import Passage, Prompt, PromptBuilder, PromptConfig, Turn, reserved_token_id
 from gatehead.runtime.plugin import GATE_FLAG, GATED_ARCHITECTURES
 from gatehead.runtime.stats import EngineStats, stat_logger_factory
+
+T = TypeVar("T")
 
 
 class GateError(RuntimeError):
@@ -299,6 +301,25 @@ class SharedEngine:
     async def reset_prefix_cache(self) -> bool:
         """Drop every cached prefix; False (nothing dropped) while any KV block is still held by a request."""
         return bool(await self.llm.reset_prefix_cache())
+
+    async def together(self, requests: Sequence[Awaitable[T]]) -> list[T | BaseException]:
+        """Await `requests` (calls on this engine, not yet started) as one arrival; results in order, a
+        request's exception in its place.
+
+        The scheduler is paused (other requests' too) until every one has reached the engine, so the
+        batches they share do not depend on how fast they were submitted: bf16 results depend on the
+        batch, slightly (a logprob one fp32 ulp apart between two passes of the stock engine).
+        """
+        await self.llm.pause_generation(mode="keep", clear_cache=False)
+        try:
+            before = self.unfinished_requests
+            tasks = [asyncio.ensure_future(r) for r in requests]
+            # A request counts once vLLM holds it; one that failed first counts as done.
+            while self.unfinished_requests - before + sum(t.done() for t in tasks) < len(tasks):
+                await asyncio.sleep(0.001)
+        finally:
+            await self.llm.resume_generation()
+        return list(await asyncio.gather(*tasks, return_exceptions=True))
 
     async def stats(self) -> dict[str, float]:
         """Counters and gauges from vLLM's step stats, KV capacity, request counts, and the branch's time."""

