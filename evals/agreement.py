@@ -41,6 +41,11 @@ def agreement(a: np.ndarray, b: np.ndarray, thresholds: Thresholds) -> Agreement
                      float(dp.mean()) if len(dp) else 0.0, dict(Counter(da)), dict(Counter(db)))
 
 
+def beyond(a: np.ndarray, b: np.ndarray, floor_a: np.ndarray, floor_b: np.ndarray) -> np.ndarray:
+    """Per gate, how much further a is from b than floor_a from floor_b (max |dp| over the classes each)."""
+    return np.abs(a - b).max(axis=1) - np.abs(floor_a - floor_b).max(axis=1)
+
+
 async def shared_gate_probs(engine: SharedEngine, prompts: Sequence[Sequence[int]],
                             mixed_generations: Sequence[Sequence[int]] = (), max_tokens: int = 16) -> np.ndarray:
     """Gate probabilities [n, 3] from the shared engine, with generations running in the same batches."""
@@ -116,7 +121,7 @@ def run_agreement(config, m: int = 256, out=None, work_dir=None):
     passed = vs_dedicated.max_dp <= 0.02 and (dp_only or (vs_dedicated.flips == 0 and vs_fp32.flips <= scale.flips))
     # Not in the rule, for reading it: the dedicated engine runs the LoRA merged into bf16 weights and the
     # branch runs it unmerged; per gate, how much of their difference that merge alone (in HF) accounts for.
-    beyond_merge = float((np.abs(shared - dedicated).max(axis=1) - np.abs(merged - bf16).max(axis=1)).max(initial=0))
+    beyond_merge = float(beyond(shared, dedicated, merged, bf16).max(initial=0))
     rows = [[name, a.n, a.flips, a.max_dp, a.mean_dp, _mix(a.mix_a), _mix(a.mix_b)] for name, a in pairs.items()]
     plot = scatter(out / "agreement.png", dedicated.reshape(-1).tolist(), shared.reshape(-1).tolist(),
                    "dedicated engine p", "shared engine p", "Gate probabilities, every class")

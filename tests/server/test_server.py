@@ -336,6 +336,19 @@ def test_openai_sampling_fields_are_honoured_or_refused(server: Server) -> None:
     assert short["finish_reason"] == "length" and short["message"]["content"] == "€"
 
 
+def test_schema_fuzzing_finds_no_server_errors(server: Server, workdir: Path) -> None:
+    # A fuzzed message the model answers with a loop trips the guard: a 502 the check allows.
+    hooks = {"SCHEMATHESIS_HOOKS": "schemathesis_checks", "PYTHONPATH": str(Path(__file__).parent)}
+    result = subprocess.run([str(Path(sys.executable).parent / "schemathesis"), "run", f"{server.url}/openapi.json",
+                             "-H", f"Authorization: Bearer {KEY}", "--checks", "no_server_error_but_the_guards",
+                             "--mode", "all", "--max-examples", "15", "--seed", "1", "--generation-database", "none",
+                             "--no-shrink"],
+                            capture_output=True, text=True, timeout=600, cwd=workdir, env={**os.environ, **hooks})
+    print(result.stdout[-3000:])
+    assert result.returncode == 0, result.stdout[-5000:]
+    assert "No issues found" in result.stdout
+
+
 def test_metrics_count_requests_decisions_and_engine_state(server: Server) -> None:
     server.post("/v1/gate", {"question": STRATA})
     text = server.client.get("/metrics", headers=AUTH).text
@@ -349,19 +362,6 @@ def test_metrics_count_requests_decisions_and_engine_state(server: Server) -> No
     for reason in ("repetition", "garbled", "improbable"):
         assert re.search(rf'^gatehead_degenerate_output_total{{reason="{reason}"}} \d', text, re.M), reason
     assert re.search(r"^gatehead_guard_retries_total \d", text, re.M)
-
-
-def test_schema_fuzzing_finds_no_server_errors(server: Server, workdir: Path) -> None:
-    # A fuzzed message the model answers with a loop trips the guard: a 502 the check allows.
-    hooks = {"SCHEMATHESIS_HOOKS": "schemathesis_checks", "PYTHONPATH": str(Path(__file__).parent)}
-    result = subprocess.run([str(Path(sys.executable).parent / "schemathesis"), "run", f"{server.url}/openapi.json",
-                             "-H", f"Authorization: Bearer {KEY}", "--checks", "no_server_error_but_the_guards",
-                             "--mode", "all", "--max-examples", "15", "--seed", "1", "--generation-database", "none",
-                             "--no-shrink"],
-                            capture_output=True, text=True, timeout=600, cwd=workdir, env={**os.environ, **hooks})
-    print(result.stdout[-3000:])
-    assert result.returncode == 0, result.stdout[-5000:]
-    assert "No issues found" in result.stdout
 
 
 def test_the_guard_retries_then_reports_degenerate_output(workdir: Path) -> None:
