@@ -46,6 +46,28 @@ def beyond(a: np.ndarray, b: np.ndarray, floor_a: np.ndarray, floor_b: np.ndarra
     return np.abs(a - b).max(axis=1) - np.abs(floor_a - floor_b).max(axis=1)
 
 
+def bf16_bounds(shared: np.ndarray, dedicated: np.ndarray, fp32: np.ndarray, bf16: np.ndarray,
+                merged: np.ndarray) -> dict[str, tuple[float, float]]:
+    """The bf16 fidelity checks that hold on any CPU: (figure, bound) each, every bound measured in the same run.
+
+    bf16 results depend on the CPU's bf16 path (AMX, AVX-512 BF16, emulated), so no bound is a constant.
+    The shared and the dedicated engine are two bf16 computations of one gate: they differ by no more
+    than bf16 itself moves the gate (HF bf16 vs HF fp32). And the shared engine is no further from the
+    fp32 gate than the dedicated engine is, beyond what the LoRA merge alone moves a gate on this
+    machine (HF bf16 merged, as the dedicated engine holds the LoRA, vs unmerged, as the branch runs it).
+    Arrays [n, 3] over the same prompts; max and mean over gates of the largest class |dp|.
+    """
+    def dp(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return np.abs(a - b).max(axis=1)
+
+    rounding, merge = dp(bf16, fp32), dp(merged, bf16)
+    vs_dedicated, vs_fp32, dedicated_vs_fp32 = dp(shared, dedicated), dp(shared, fp32), dp(dedicated, fp32)
+    return {"shared vs dedicated, max |dp|": (float(vs_dedicated.max()), float(rounding.max())),
+            "shared vs dedicated, mean |dp|": (float(vs_dedicated.mean()), float(rounding.mean())),
+            "shared vs HF fp32, max |dp|": (float(vs_fp32.max()), float(dedicated_vs_fp32.max() + merge.max())),
+            "shared vs HF fp32, mean |dp|": (float(vs_fp32.mean()), float(dedicated_vs_fp32.mean() + merge.mean()))}
+
+
 async def shared_gate_probs(engine: SharedEngine, prompts: Sequence[Sequence[int]],
                             mixed_generations: Sequence[Sequence[int]] = (), max_tokens: int = 16) -> np.ndarray:
     """Gate probabilities [n, 3] from the shared engine, with generations running in the same batches."""

@@ -6,6 +6,12 @@ their weight tensors by reference: no second copy of k layers. LoRA is applied u
 is why the branch needs every tapped row of the prompt. The last layer computes only the last
 token's row, the one the head reads. The head runs in fp32, as vLLM's pooling classifier does.
 
+Precision. The base projections, norms and attention run in the model's dtype through the base
+modules and torch's SDPA, as the dedicated engine runs its own. The LoRA delta is computed in fp32
+and added before the one rounding to the dtype, the nearest the unmerged form gets to the dedicated
+engine's LoRA merged in fp32 (on the tiny test model it brought the shared engine's gate closer to
+the dedicated engine's; fp32 attention did not, on either kind of CPU).
+
 It runs eagerly, outside vLLM's compiled graph, on gate requests only.
 
 Tensor parallelism: the base modules are already sharded, so each rank's branch holds the LoRA
@@ -46,7 +52,7 @@ class GateBranch(nn.Module):
     """Runs the gate model's last k layers and head on one request's tapped rows."""
 
     def __init__(self, layers: list[nn.Module], final_norm: nn.Module, adapter: GateAdapter,
-                 dtype: torch.dtype, device: torch.device) -> None:
+                 device: torch.device) -> None:
         super().__init__()
         # Plain lists: the base modules must not be registered twice (their weights belong to the base).
         self.layers = list(layers)
@@ -63,7 +69,7 @@ class GateBranch(nn.Module):
             layer, module, ab = int(match.group(1)), match.group(2), match.group(3)
             name = f"lora_{layer}_{module}_{ab}"
             attn = self.layers[layer - self.first_layer].self_attn
-            self.register_buffer(name, self._shard(module, ab, tensor, attn).to(dtype).contiguous(), persistent=False)
+            self.register_buffer(name, self._shard(module, ab, tensor, attn).float().contiguous(), persistent=False)
             a_name, b_name = self.lora_names.get((layer, module), ("", ""))
             self.lora_names[(layer, module)] = (name, b_name) if ab == "A" else (a_name, name)
         head = next(t for k, t in weights.items() if k.endswith("score.weight"))
@@ -83,11 +89,12 @@ class GateBranch(nn.Module):
         return tensor.chunk(self.tp_size, dim=0)[self.tp_rank]
 
     def _lora(self, layer: int, module: str, x: torch.Tensor, reduce: bool = False) -> torch.Tensor | None:
+        """The LoRA delta [L, out] of `module` on `x`, in fp32 (None if the module has no LoRA)."""
         names = self.lora_names.get((layer, module))
         if names is None:
             return None
-        a, b = getattr(self, names[0]), getattr(self, names[1])
-        xa = x @ a.T  # [L, r]; a partial sum over this rank's input slice when `reduce`
+        a, b = getattr(self, names[0]), getattr(self, names[1])  # fp32
+        xa = x.float() @ a.T  # [L, r]; a partial sum over this rank's input slice when `reduce`
         if reduce and self.tp_size > 1:
             from vllm.distributed import tensor_model_parallel_all_reduce
 
@@ -101,22 +108,21 @@ class GateBranch(nn.Module):
         if all(d is None for d in deltas):
             return out
         parts = list(out.split(sizes, dim=-1))
-        return torch.cat([p if d is None else p + d for p, d in zip(parts, deltas, strict=True)], dim=-1)
+        return torch.cat([p if d is None else (p.float() + d).to(p.dtype) for p, d in zip(parts, deltas, strict=True)],
+                         dim=-1)
 
     @torch.inference_mode()
     def forward(self, rows: torch.Tensor) -> torch.Tensor:
-        """Head logits [3] (fp32) for one gate prompt whose tapped rows are `rows` [L, hidden]."""
-        n = rows.shape[0]
+        """Head logits [3] (fp32) for one gate prompt whose tapped rows are `rows` [2, L, hidden]:
+        the (hidden, residual) inputs of layer N-k's norm."""
+        n = rows.shape[1]
         positions = torch.arange(n, device=rows.device)
-        hidden, residual = rows, None
+        hidden, residual = rows[0], rows[1]
         for offset, layer in enumerate(self.layers):
             index = self.first_layer + offset
             last = offset == len(self.layers) - 1
-            if residual is None:
-                residual = hidden
-                h = layer.input_layernorm(hidden)
-            else:
-                h, residual = layer.input_layernorm(hidden, residual)
+            norm = layer.input_layernorm
+            h, residual = (norm.untapped if offset == 0 else norm)(hidden, residual)
             attn_out = self._attention(index, layer.self_attn, h, positions, last_only=last)
             if last:  # only the last token's row reaches the head
                 residual = residual[-1:]
@@ -147,7 +153,7 @@ class GateBranch(nn.Module):
         out = out[0].transpose(0, 1).reshape(q.shape[1], attn.q_size)  # [Lq, H*D]
         o, _ = attn.o_proj(out)
         delta = self._lora(index, "o_proj", out, reduce=True)
-        return o if delta is None else o + delta
+        return o if delta is None else (o.float() + delta).to(o.dtype)
 
     def _mlp(self, index: int, mlp: nn.Module, h: torch.Tensor) -> torch.Tensor:
         gate_up, _ = mlp.gate_up_proj(h)
@@ -156,7 +162,7 @@ class GateBranch(nn.Module):
         x = mlp.act_fn(gate_up)
         down, _ = mlp.down_proj(x)
         delta = self._lora(index, "down_proj", x, reduce=True)
-        return down if delta is None else down + delta
+        return down if delta is None else (down.float() + delta).to(down.dtype)
 
     def memory_bytes(self) -> int:
         """Bytes of the tensors the branch owns (LoRA and head; the layers are the base's)."""

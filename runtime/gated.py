@@ -67,13 +67,13 @@ class RowKeeper:
             del self.kept[req_id]
         self.failed &= live
         scheduled = {row.req_id for row in rows}
-        retained = sum(t.shape[0] for req_id, kept in self.kept.items() if req_id not in scheduled for t in kept)
+        retained = sum(t.shape[1] for req_id, kept in self.kept.items() if req_id not in scheduled for t in kept)
         for row in rows:
             if row.done == 0:  # a (re)started prefill: preemption recomputes from the first token
                 self.kept[row.req_id] = []
                 self.failed.discard(row.req_id)
             kept = self.kept.get(row.req_id)
-            if (kept is None or sum(t.shape[0] for t in kept) != row.done or row.prompt_tail != self.suffix_ids
+            if (kept is None or sum(t.shape[1] for t in kept) != row.done or row.prompt_tail != self.suffix_ids
                     or row.prompt_len > self.max_rows):
                 self._fail(row.req_id)  # rows missing or not a gate prompt
             elif not row.last_chunk:  # its rows stay kept after this step
@@ -88,22 +88,23 @@ class RowKeeper:
         self.kept.pop(req_id, None)
 
     def collect(self, tap_buffer: torch.Tensor) -> list[tuple[int, torch.Tensor | None]]:
-        """Keep this step's rows; return (batch row, all rows or None if failed) per completed prompt."""
+        """Keep this step's rows of `tap_buffer` [2, tokens, hidden]; return (batch row, all rows [2, L, hidden]
+        or None if failed) per completed prompt."""
         plan, self.plan = self.plan, []
         complete = []
         for row in plan:
             if row.req_id not in self.failed:
-                self.kept[row.req_id].append(tap_buffer[row.start:row.end].clone())
+                self.kept[row.req_id].append(tap_buffer[:, row.start:row.end].clone())
             if not row.last_chunk:
                 continue
             if row.req_id in self.failed:
                 complete.append((row.batch_row, None))
             else:
-                complete.append((row.batch_row, torch.cat(self.kept.pop(row.req_id))))
+                complete.append((row.batch_row, torch.cat(self.kept.pop(row.req_id), dim=1)))
         return complete
 
     def rows_kept(self) -> int:
-        return sum(t.shape[0] for rows in self.kept.values() for t in rows)
+        return sum(t.shape[1] for rows in self.kept.values() for t in rows)
 
 
 @dataclass
@@ -139,13 +140,14 @@ class GateState(nn.Module):
         layers = model.model.layers
         dtype = model_config.dtype
         max_rows = vllm_config.scheduler_config.max_num_batched_tokens
-        # Created under vLLM's target-device context: the buffer lands where the model does.
-        self.register_buffer("tap_buffer", torch.zeros(max_rows, hf.hidden_size, dtype=dtype), persistent=False)
+        # Layer N-k's norm inputs (hidden, residual) per batched token. Created under vLLM's target-device
+        # context: the buffer lands where the model does.
+        self.register_buffer("tap_buffer", torch.zeros(2, max_rows, hf.hidden_size, dtype=dtype), persistent=False)
         device = self.tap_buffer.device
         self.register_buffer("action_ids", torch.tensor(hf.gatehead_action_ids, dtype=torch.long, device=device),
                              persistent=False)
         self.head_order = [adapter.spec.labels.index(label) for label in LABELS]  # head row per canonical label
-        self.branch = GateBranch(list(layers[adapter.branch_layer:]), model.model.norm, adapter, dtype, device)
+        self.branch = GateBranch(list(layers[adapter.branch_layer:]), model.model.norm, adapter, device)
         tap = getattr(hf, "gatehead_tap", "copy")
         if tap != "off":  # "off" and branch=False: the stability check's diagnostic modes
             tap_norm(layers[adapter.branch_layer].input_layernorm, self.tap_buffer, perturbed=tap == "perturbed")
@@ -190,7 +192,7 @@ class GateState(nn.Module):
 
     def memory_bytes(self) -> dict[str, int]:
         """Itemised bytes the plugin allocates (retained rows: their bound, one maximal gate prompt)."""
-        row_bytes = self.tap_buffer.shape[1] * self.tap_buffer.element_size()
+        row_bytes = 2 * self.tap_buffer.shape[2] * self.tap_buffer.element_size()  # a (hidden, residual) pair
         return {
             "lora_and_head": self.branch.memory_bytes(),
             "tap_buffer": self.tap_buffer.numel() * self.tap_buffer.element_size(),

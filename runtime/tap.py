@@ -1,12 +1,16 @@
 """The tap: a custom op that copies the residual stream at layer N-k into a persistent buffer.
 
-It sits right after layer N-k's `input_layernorm(hidden, residual)`, whose `residual` output is the
-bf16 sum the HF model feeds layer N-k. The op only copies (`buf[:n] = residual`): it adds no
-arithmetic to the compiled region, so the base model's fused graph (and its bf16 rounding) stays the
-stock one. It copies every row of the step, whatever the requests are: the op then has no
-per-step input, so torch.compile can't bake a stale plan into the graph, and a CUDA graph replays
-the same copy between the same persistent addresses. The branch picks gate rows out of the buffer
-after the forward, in eager mode.
+It sits right before layer N-k's `input_layernorm(hidden, residual)` and copies both of its inputs
+(`buf[0, :n] = hidden`, `buf[1, :n] = residual`), so the branch calls the same norm on the same
+values and its first layer starts bit-identical to the base's layer N-k. (Copying only the norm's
+`residual` output, the bf16 sum, is not enough: vLLM's fused add-norm normalises the fp32 sum before
+rounding it, so a norm recomputed from the rounded sum is off by one bf16 rounding of every element,
+which on CPUs that emulate bf16 put near-tie gates well outside the dedicated engine's reach.)
+The op only copies: it adds no arithmetic to the compiled region, so the base model's fused graph
+(and its bf16 rounding) stays the stock one. It copies every row of the step, whatever the requests
+are: the op then has no per-step input, so torch.compile can't bake a stale plan into the graph, and
+a CUDA graph replays the same copy between the same persistent addresses. The branch picks gate rows
+out of the buffer after the forward, in eager mode.
 
 `perturbed` mode writes a rounding change back into the stream: it exists only as the negative
 control that proves the answer-stability check can fail.
@@ -21,16 +25,17 @@ _LIB = Library("gatehead", "FRAGMENT")  # the ops live as long as this object
 _PERTURBATION = 1.0 + 2.0**-7  # about one bf16 ulp
 
 
-def _tap(residual: torch.Tensor, buf: torch.Tensor) -> None:
-    buf[: residual.shape[0]].copy_(residual)
+def _tap(hidden: torch.Tensor, residual: torch.Tensor, buf: torch.Tensor) -> None:
+    buf[0, : hidden.shape[0]].copy_(hidden)
+    buf[1, : residual.shape[0]].copy_(residual)
 
 
-def _tap_perturbed(residual: torch.Tensor, buf: torch.Tensor) -> None:
+def _tap_perturbed(hidden: torch.Tensor, residual: torch.Tensor, buf: torch.Tensor) -> None:
     residual.mul_(_PERTURBATION)
-    buf[: residual.shape[0]].copy_(residual)
+    _tap(hidden, residual, buf)
 
 
-def _fake(residual: torch.Tensor, buf: torch.Tensor) -> None:
+def _fake(hidden: torch.Tensor, residual: torch.Tensor, buf: torch.Tensor) -> None:
     return None
 
 
@@ -45,13 +50,17 @@ def _register() -> None:
 
 
 def tap_norm(norm: torch.nn.Module, buf: torch.Tensor, perturbed: bool = False) -> None:
-    """Make `norm` (a vLLM RMSNorm called as `norm(hidden, residual)`) tap its residual output into `buf`."""
+    """Make `norm` (a vLLM RMSNorm called as `norm(hidden, residual)`) tap its inputs into `buf` [2, rows, hidden].
+
+    The branch calls `norm.untapped(hidden, residual)`: the same norm without the tap.
+    """
     _register()
     key = (type(norm), perturbed)
     if key not in _CLASSES:
         name = f"{'Perturbed' if perturbed else 'Tapped'}{type(norm).__name__}"
         op = torch.ops.gatehead.tap_perturbed if perturbed else torch.ops.gatehead.tap
-        _CLASSES[key] = type(name, (type(norm),), {"forward": _forward, "gatehead_op": staticmethod(op)})
+        _CLASSES[key] = type(name, (type(norm),), {"forward": _forward, "untapped": _untapped,
+                                                   "gatehead_op": staticmethod(op)})
     norm.__class__ = _CLASSES[key]
     norm.register_buffer("gatehead_tap", buf, persistent=False)
 
@@ -60,8 +69,10 @@ _CLASSES: dict[tuple[type, bool], type] = {}
 
 
 def _forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-    if residual is None:  # the branch normalising the tapped rows: nothing to tap
-        return super(type(self), self).forward(x)
-    hidden, residual = super(type(self), self).forward(x, residual)
-    self.gatehead_op(residual, self.gatehead_tap)
-    return hidden, residual
+    assert residual is not None, "layer N-k > 0 always gets a residual"
+    self.gatehead_op(x, residual, self.gatehead_tap)
+    return super(type(self), self).forward(x, residual)
+
+
+def _untapped(self, x: torch.Tensor, residual: torch.Tensor):
+    return super(type(self), self).forward(x, residual)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import threading
 from collections.abc import Coroutine, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
@@ -16,6 +18,17 @@ from gatehead.retrieval.embedder import Embedder
 from gatehead.runtime.tiny import TinyModel, TinySpec, build_tiny
 
 T = TypeVar("T")
+
+# GATEHEAD_TEST_CPU_ISA=avx512 runs the suite as a CPU without AMX or AVX-512 BF16 computes (see
+# tests/cpu_isa/gatehead_cpu_isa.py): in this process, before any kernel runs, and through the folder's
+# sitecustomize in every Python process the tests start.
+_CPU_ISA = Path(__file__).parent / "cpu_isa"
+sys.path.insert(0, str(_CPU_ISA))
+import gatehead_cpu_isa  # noqa: E402
+
+if gatehead_cpu_isa.requested() != "native":
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_CPU_ISA), os.environ.get("PYTHONPATH")]))
+gatehead_cpu_isa.apply()
 
 # vLLM's CPU build runs each engine as an engine-core process plus one worker process, each importing
 # vLLM (~13 s apiece on 2 cores). Tests run the worker inside the engine-core process instead (its
@@ -88,6 +101,26 @@ def demo_shared():
 def demo_stock():
     """Stock vLLM on the demo model (no adapter): the baseline of the demo fidelity checks."""
     yield from demo_engine(gate=False)
+
+
+@pytest.fixture(scope="session")
+def demo_gates(demo_shared) -> list[tuple[int, ...]]:
+    """Gate prompts of the first 256 held-out demo questions (test, then val) with their retrieved documents."""
+    from gatehead.demo.build import held_out_examples
+
+    return [demo_shared.prompts.build(e.question, e.passages, e.conversation).gate for e in held_out_examples()[:256]]
+
+
+@pytest.fixture(scope="session")
+def demo_references(demo_gates) -> dict[str, Any]:
+    """The HF references' probabilities on `demo_gates`, computed once: fp32, bf16, and bf16 with the LoRA
+    merged as the dedicated engine holds it (the bf16 ones are slow where the CPU emulates bf16)."""
+    from gatehead.demo import ADAPTER_DIR, MODEL_DIR
+    from gatehead.runtime.reference import HFReference
+
+    return {name: HFReference(MODEL_DIR, ADAPTER_DIR, dtype, merged=merged).gate_probs(demo_gates)
+            for name, dtype, merged in (("fp32", "float32", False), ("bf16", "bfloat16", False),
+                                        ("merged", "bfloat16", True))}
 
 
 def demo_engine(gate: bool) -> Iterator:

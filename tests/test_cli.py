@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from importlib import metadata
@@ -18,8 +19,6 @@ def run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
 
 def test_info_reports_versions_device_and_model_locations(tmp_path: Path) -> None:
-    import os
-
     env = {**os.environ, "GATEHEAD_MODEL": str(tmp_path / "m"), "GATEHEAD_ADAPTER": str(tmp_path / "a")}
     result = run("info", "--json", env=env)
     assert result.returncode == 0, result.stderr
@@ -27,10 +26,15 @@ def test_info_reports_versions_device_and_model_locations(tmp_path: Path) -> Non
     assert report["packages"]["torch"] == metadata.version("torch")
     assert report["packages"]["vllm"].startswith("0.32.")
     assert report["device"]["kind"] in ("cpu", "cuda")
+    if report["device"]["kind"] == "cpu":  # what the host offers, or what GATEHEAD_TEST_CPU_ISA emulates
+        flags = Path("/proc/cpuinfo").read_text()
+        native = "AMX" if "amx_bf16" in flags else "AVX-512 BF16" if "avx512_bf16" in flags else "emulated"
+        expected = "emulated" if os.environ.get("GATEHEAD_TEST_CPU_ISA") == "avx512" else native
+        assert report["device"]["bf16"] == expected, report["device"]
     assert report["vllm_plugin"] == ["gatehead = gatehead.runtime.plugin:register"]
     assert report["models"]["model"] == str(tmp_path / "m") and report["models"]["adapter"] == str(tmp_path / "a")
     text = run("info", env=env).stdout
-    assert "transformers" in text and str(tmp_path / "m") in text
+    assert "transformers" in text and "bf16=" in text and str(tmp_path / "m") in text
 
 
 def test_gate_on_the_engine_and_the_reference_print_the_same_decision(tiny: TinyModel) -> None:

@@ -12,12 +12,11 @@ import pytest
 
 from gatehead.demo import ADAPTER_DIR, MODEL_DIR
 from gatehead.demo.build import held_out_examples
-from gatehead.evals.agreement import agreement, beyond, dedicated_gate_probs, shared_gate_probs
+from gatehead.evals.agreement import agreement, bf16_bounds, dedicated_gate_probs, shared_gate_probs
 from gatehead.evals.stability import check_stability
 from gatehead.gate.adapter import load_gate_adapter
 from gatehead.runtime.dedicated import export_dedicated
 from gatehead.runtime.engine import SharedEngine
-from gatehead.runtime.reference import HFReference
 
 MAX_LEN = 2048
 
@@ -41,31 +40,27 @@ def test_demo_stability(demo_stock, demo_shared, held_out, loop, mixed: bool) ->
     assert result.passed, result
 
 
-def test_demo_gate_agreement(demo_shared, held_out, loop, tmp_path) -> None:
+def test_demo_gate_agreement(demo_shared, demo_gates, demo_references, held_out, loop, tmp_path) -> None:
     adapter = load_gate_adapter(ADAPTER_DIR, MODEL_DIR)
-    gates = built(demo_shared, held_out[:256], "gate")
+    gates = demo_gates
     generations = built(demo_shared, held_out[256:288], "answer")
     shared = loop.run(shared_gate_probs(demo_shared, gates, generations))
     export = export_dedicated(MODEL_DIR, ADAPTER_DIR, tmp_path / "dedicated")
     dedicated = dedicated_gate_probs(export, gates, adapter.spec.labels, dtype="bfloat16", enforce_eager=True,
                                      kv_cache_memory_bytes=256 << 20, max_model_len=MAX_LEN)
-    fp32 = HFReference(MODEL_DIR, ADAPTER_DIR, "float32").gate_probs(gates)
-    bf16 = HFReference(MODEL_DIR, ADAPTER_DIR, "bfloat16").gate_probs(gates)
-    merged = HFReference(MODEL_DIR, ADAPTER_DIR, "bfloat16", merged=True).gate_probs(gates)
+    fp32, bf16, merged = demo_references["fp32"], demo_references["bf16"], demo_references["merged"]
     thresholds = adapter.spec.thresholds
     vs_dedicated, vs_fp32 = agreement(shared, dedicated, thresholds), agreement(shared, fp32, thresholds)
-    bf16_vs_fp32 = agreement(bf16, fp32, thresholds)
+    dedicated_vs_fp32 = agreement(dedicated, fp32, thresholds)
     print(f"demo shared vs dedicated: {vs_dedicated}\ndemo shared vs HF fp32: {vs_fp32}\n"
-          f"demo dedicated vs HF fp32: {agreement(dedicated, fp32, thresholds)}\n"
-          f"demo HF bf16 vs HF fp32: {bf16_vs_fp32}\n"
+          f"demo dedicated vs HF fp32: {dedicated_vs_fp32}\n"
+          f"demo HF bf16 vs HF fp32: {agreement(bf16, fp32, thresholds)}\n"
           f"demo HF bf16 merged vs unmerged: {agreement(merged, bf16, thresholds)}")
+    bounds = bf16_bounds(shared, dedicated, fp32, bf16, merged)
+    print("\n".join(f"demo {name}: {figure:.5f} (bound {bound:.5f})" for name, (figure, bound) in bounds.items()))
     assert len(vs_dedicated.mix_a) == 3, f"the demo gate should use all three decisions: {vs_dedicated.mix_a}"
+    # Decisions: the same as stock vLLM's classifier, and no more of them wrong against fp32 than it gets wrong.
     assert vs_dedicated.flips == 0, vs_dedicated
-    # DESIGN's target is max |dp| <= 0.02. The dedicated engine runs the LoRA merged into bf16 weights, the
-    # branch runs it unmerged, and on a gate at the edge of two classes that rounding alone moves p further
-    # (the committed gate: 0.042 at held-out gate 194, in HF with no engine). So per gate, the engines may
-    # differ by at most 0.02 beyond what the merge alone moves the same gate; the eval's verdict keeps the rule.
-    excess = beyond(shared, dedicated, merged, bf16)
-    assert excess.max() <= 0.02, (int(excess.argmax()), float(excess.max()))
-    assert vs_fp32.flips <= bf16_vs_fp32.flips, (vs_fp32, bf16_vs_fp32)
+    assert vs_fp32.flips <= dedicated_vs_fp32.flips, (vs_fp32, dedicated_vs_fp32)
+    assert all(figure <= bound for figure, bound in bounds.values()), bounds
     assert np.allclose(shared.sum(axis=1), 1.0, atol=1e-5)

@@ -118,10 +118,10 @@ def test_plugin_memory_is_itemised_and_kv_capacity_within_one_percent(
     memory = loop.run(shared_eager.plugin_memory())
     hidden = tiny.adapter.spec.base.hidden_size
     budget = shared_eager.llm.vllm_config.scheduler_config.max_num_batched_tokens
-    assert memory["tap_buffer"] == budget * hidden * 2  # bf16 rows, one per batched token
-    lora = sum(r * (i + o) for i, o, r in _lora_shapes(tiny)) * 2  # bf16 copies of A and B
+    assert memory["tap_buffer"] == budget * 2 * hidden * 2  # a (hidden, residual) bf16 pair per batched token
+    lora = sum(r * (i + o) for i, o, r in _lora_shapes(tiny)) * 4  # fp32 copies of A and B
     assert memory["lora_and_head"] == lora + 3 * hidden * 4  # + the fp32 head
-    assert memory["retained_rows_bound"] == shared_eager.max_gate_tokens * hidden * 2
+    assert memory["retained_rows_bound"] == shared_eager.max_gate_tokens * 2 * hidden * 2
     assert loop.run(stock_eager.plugin_memory()) == {}
     kv_bytes = shared_eager.kv_blocks * 32 * 2 * tiny.adapter.spec.base.num_layers * 2 * 32 * 2  # K,V x heads x dim
     assert sum(memory.values()) <= 0.01 * kv_bytes

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gatehead.evals.agreement import agreement, dedicated_gate_probs, shared_gate_probs
+from gatehead.evals.agreement import agreement, bf16_bounds, dedicated_gate_probs, shared_gate_probs
 from gatehead.evals.stability import check_stability
 from gatehead.evals.workload import synthetic_requests
 from gatehead.runtime.dedicated import export_dedicated
@@ -48,6 +48,12 @@ def test_perturbed_tap_fails_the_stability_check(stock_eager, perturbed_eager, l
 
 
 def test_gate_agreement_with_dedicated_engine_and_references(shared_eager, loop, tiny: TinyModel, tmp_path) -> None:
+    """A random adapter's decisions sit on its thresholds, so flips say nothing here: judged on |dp| alone.
+
+    Every bound is this machine's own reference, measured in the same run: bf16 results depend on the
+    CPU's bf16 path (AMX, AVX-512 BF16, emulated). Flips are judged on the trained demo gate
+    (`test_demo_fidelity.py`).
+    """
     gates = prompts(shared_eager, N_AGREEMENT, seed=3, kind="gate")
     generations = prompts(shared_eager, 32, seed=4, kind="answer")
     shared = loop.run(shared_gate_probs(shared_eager, gates, generations))
@@ -56,29 +62,14 @@ def test_gate_agreement_with_dedicated_engine_and_references(shared_eager, loop,
                                      kv_cache_memory_bytes=128 << 20, enforce_eager=True, max_model_len=1024)
     fp32 = HFReference(tiny.model_dir, tiny.adapter_dir, "float32").gate_probs(gates)
     bf16 = HFReference(tiny.model_dir, tiny.adapter_dir, "bfloat16").gate_probs(gates)
-    merged_bf16 = merged_hf_probs(export_dedicated(tiny.model_dir, tiny.adapter_dir, tmp_path / "hf"), gates)
+    merged = HFReference(tiny.model_dir, tiny.adapter_dir, "bfloat16", merged=True).gate_probs(gates)
     thresholds = tiny.adapter.spec.thresholds
-    vs_dedicated = agreement(shared, dedicated, thresholds)
-    vs_fp32, bf16_vs_fp32 = agreement(shared, fp32, thresholds), agreement(bf16, fp32, thresholds)
-    floor = agreement(merged_bf16, bf16, thresholds)  # two HF bf16 forms of one gate: merged vs unmerged LoRA
+    vs_dedicated, vs_fp32 = agreement(shared, dedicated, thresholds), agreement(shared, fp32, thresholds)
     print(f"shared vs dedicated: {vs_dedicated}\nshared vs HF fp32: {vs_fp32}\n"
-          f"dedicated vs HF fp32: {agreement(dedicated, fp32, thresholds)}\nHF bf16 vs HF fp32: {bf16_vs_fp32}\n"
-          f"HF bf16 merged vs unmerged: {floor}")
-    assert len(vs_dedicated.mix_a) >= 2, "every decision in one class: flips would mean nothing"
-    assert vs_fp32.flips <= bf16_vs_fp32.flips
-    # The dedicated engine merges the LoRA into bf16 weights, the branch runs it unmerged: their
-    # agreement is bounded by how much bf16 alone moves one gate between those two forms.
-    assert vs_dedicated.max_dp <= floor.max_dp
-    assert vs_dedicated.mean_dp <= floor.mean_dp
+          f"dedicated vs HF fp32: {agreement(dedicated, fp32, thresholds)}\n"
+          f"HF bf16 vs HF fp32: {agreement(bf16, fp32, thresholds)}\n"
+          f"HF bf16 merged vs unmerged: {agreement(merged, bf16, thresholds)}")
+    bounds = bf16_bounds(shared, dedicated, fp32, bf16, merged)
+    print("\n".join(f"{name}: {figure:.5f} (bound {bound:.5f})" for name, (figure, bound) in bounds.items()))
+    assert all(figure <= bound for figure, bound in bounds.values()), bounds
     assert np.allclose(shared.sum(axis=1), 1.0, atol=1e-5)
-
-
-def merged_hf_probs(export_dir, prompts) -> np.ndarray:
-    """HF bf16 forward of the merged classifier: the dedicated engine's arithmetic, in transformers."""
-    import torch
-    from transformers import AutoModelForSequenceClassification
-
-    model = AutoModelForSequenceClassification.from_pretrained(export_dir, dtype=torch.bfloat16).eval()
-    with torch.no_grad():
-        return np.stack([model(input_ids=torch.tensor([list(p)])).logits.float().softmax(-1)[0].numpy()
-                         for p in prompts])

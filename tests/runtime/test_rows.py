@@ -11,11 +11,12 @@ HIDDEN = 4
 
 
 def step(keeper: RowKeeper, rows: list[GateRow], live: set[str] | None = None):
-    """Run one step: the tap buffer holds each token's global position in every column."""
+    """Run one step: the tap buffer holds each token's global position in every column (hidden), negated (residual)."""
     total = max((r.end for r in rows), default=0)
-    buffer = torch.zeros(total, HIDDEN)
+    buffer = torch.zeros(2, total, HIDDEN)
     for r in rows:
-        buffer[r.start:r.end] = torch.arange(r.done, r.done + r.end - r.start, dtype=torch.float)[:, None]
+        buffer[0, r.start:r.end] = torch.arange(r.done, r.done + r.end - r.start, dtype=torch.float)[:, None]
+    buffer[1] = -buffer[0]
     keeper.begin_step(rows, live if live is not None else {r.req_id for r in rows} | set(keeper.kept))
     return keeper.collect(buffer)
 
@@ -25,7 +26,9 @@ def row(req: str, batch_row: int, start: int, n: int, done: int, prompt_len: int
 
 
 def positions(rows: torch.Tensor) -> list[int]:
-    return rows[:, 0].int().tolist()
+    """The global positions of a prompt's kept rows [2, L, hidden], checking each residual row is its hidden row's."""
+    assert torch.equal(rows[1], -rows[0])
+    return rows[0, :, 0].int().tolist()
 
 
 def test_a_prompt_split_over_three_steps_comes_out_whole_and_in_order() -> None:

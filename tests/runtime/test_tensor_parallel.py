@@ -12,7 +12,6 @@ from gatehead.evals.agreement import agreement, beyond, shared_gate_probs
 from gatehead.evals.stability import check_stability
 from gatehead.evals.workload import synthetic_requests
 from gatehead.runtime.engine import EngineConfig, SharedEngine
-from gatehead.runtime.reference import HFReference
 from gatehead.runtime.tiny import TinyModel
 
 
@@ -54,34 +53,29 @@ def test_gate_under_tp2_matches_tp1_in_fp32(engines, tp2, loop, tiny: TinyModel)
     assert result.flips == 0 and result.max_dp <= 1e-3, result
 
 
-def test_trained_gate_under_tp2_in_bf16_matches_tp1(loop) -> None:
+def test_trained_gate_under_tp2_in_bf16_matches_tp1(demo_shared, demo_gates, demo_references, loop) -> None:
     """bf16 on the demo model: TP=2 sums the base in another order, and a trained gate must not notice.
 
-    Bound: no flips, and no further from TP=1 than the same gate in HF bf16 is from fp32: on average, and
-    per gate within 0.02 of that (a gate on the edge of two classes moves more under any rounding). (On the tiny
-    random model bf16 TP=2 vs TP=1 differs about as much as HF bf16 does from fp32, flips included:
-    random decisions sit on their thresholds. The fp32 test above pins the sharding.)
+    Bound: no flips, and no further from TP=1 (the session's demo engine) than the same gate in HF bf16
+    is from fp32: on average, and per gate within 0.02 of that (a gate on the edge of two classes moves
+    more under any rounding). (On the tiny random model bf16 TP=2 vs TP=1 differs about as much as HF
+    bf16 does from fp32, flips included: random decisions sit on their thresholds. The fp32 test above
+    pins the sharding.)
     """
     from gatehead.demo import ADAPTER_DIR, MODEL_DIR
-    from gatehead.demo.build import held_out_examples
 
-    examples = held_out_examples()[:128]
-    probs = []
-    for tp in (1, 2):
-        config = EngineConfig(model=MODEL_DIR, adapter=ADAPTER_DIR, enforce_eager=True, block_size=32,
-                              kv_cache_memory_bytes=256 << 20, max_model_len=2048,
-                              extra={"tensor_parallel_size": tp} if tp > 1 else {})
-        with cpu_binding(tp):
-            engine = SharedEngine(config)
-        try:
-            gates = [engine.prompts.build(e.question, e.passages).gate for e in examples]
-            probs.append(loop.run(shared_gate_probs(engine, gates)))
-        finally:
-            engine.shutdown()
-    thresholds = engine.adapter.spec.thresholds
+    gates = demo_gates[:128]
+    config = EngineConfig(model=MODEL_DIR, adapter=ADAPTER_DIR, enforce_eager=True, block_size=32,
+                          kv_cache_memory_bytes=256 << 20, max_model_len=2048, extra={"tensor_parallel_size": 2})
+    with cpu_binding(2):
+        two = SharedEngine(config)
+    try:
+        probs = [loop.run(shared_gate_probs(demo_shared, gates)), loop.run(shared_gate_probs(two, gates))]
+    finally:
+        two.shutdown()
+    thresholds = demo_shared.adapter.spec.thresholds
     result = agreement(probs[1], probs[0], thresholds)
-    bf16 = HFReference(MODEL_DIR, ADAPTER_DIR, "bfloat16").gate_probs(gates)
-    fp32 = HFReference(MODEL_DIR, ADAPTER_DIR, "float32").gate_probs(gates)
+    bf16, fp32 = demo_references["bf16"][:128], demo_references["fp32"][:128]
     noise = agreement(bf16, fp32, thresholds)
     excess = beyond(probs[1], probs[0], bf16, fp32)
     print(f"demo bf16 TP=2 vs TP=1 gate: {result}\ndemo HF bf16 vs HF fp32: {noise}\n"
