@@ -144,6 +144,7 @@ def run_agreement(config, m: int = 256, out=None, work_dir=None):
     # Not in the rule, for reading it: the dedicated engine runs the LoRA merged into bf16 weights and the
     # branch runs it unmerged; per gate, how much of their difference that merge alone (in HF) accounts for.
     beyond_merge = float(beyond(shared, dedicated, merged, bf16).max(initial=0))
+    bounds = bf16_bounds(shared, dedicated, fp32, bf16, merged)  # the test suite's portable checks
     rows = [[name, a.n, a.flips, a.max_dp, a.mean_dp, _mix(a.mix_a), _mix(a.mix_b)] for name, a in pairs.items()]
     plot = scatter(out / "agreement.png", dedicated.reshape(-1).tolist(), shared.reshape(-1).tolist(),
                    "dedicated engine p", "shared engine p", "Gate probabilities, every class")
@@ -153,6 +154,10 @@ def run_agreement(config, m: int = 256, out=None, work_dir=None):
                        "decisions (second)"], rows)
               + f"\nLargest shared-vs-dedicated |dp| beyond what the LoRA merge alone moves the same gate in HF "
                 f"bf16: {beyond_merge:.4f}.\n"
+              + "\nThe test suite's bf16 checks, each bound measured on this machine in this run "
+                "(`evals.agreement.bf16_bounds`):\n\n"
+              + table(["check", "figure", "bound", "holds"],
+                      [[name, figure, bound, figure <= bound] for name, (figure, bound) in bounds.items()])
               + ("\nEvery shared decision is in one class: flips mean nothing, judged on |dp| alone.\n"
                  if one_class else "")
               + ("\nThe adapter has no training record (a random adapter): its probabilities sit near the "
@@ -160,6 +165,7 @@ def run_agreement(config, m: int = 256, out=None, work_dir=None):
     summary = {name: {"flips": a.flips, "max_dp": round(a.max_dp, 6)} for name, a in pairs.items()}
     return Outcome(passed, {"m": m, "pairs": {name: asdict(a) for name, a in pairs.items()},
                             "max_dp_beyond_merge": beyond_merge,
+                            "bf16_bounds": {name: {"figure": f, "bound": b} for name, (f, b) in bounds.items()},
                             "one_class": one_class, "trained_adapter": trained, "judged_on_dp_only": dp_only},
                    report, [plot], summary)
 

@@ -151,6 +151,10 @@ def test_eval_agreement_on_the_tiny_model(tiny: TinyModel, tmp_path: Path) -> No
     assert f"beyond what the LoRA merge alone moves the same gate in HF bf16: {report['max_dp_beyond_merge']:.4f}" \
         in (tmp_path / "a" / "report.md").read_text()
     assert all(p["n"] == 24 for p in pairs.values())
+    bounds = report["bf16_bounds"]
+    assert bounds["shared vs dedicated, max |dp|"]["figure"] == pytest.approx(pairs["shared vs dedicated"]["max_dp"])
+    assert bounds["shared vs dedicated, max |dp|"]["bound"] == pytest.approx(pairs["HF bf16 vs HF fp32"]["max_dp"])
+    assert "The test suite's bf16 checks" in (tmp_path / "a" / "report.md").read_text()
     assert not report["trained_adapter"] and report["judged_on_dp_only"]  # a random adapter: |dp| alone
     assert (result.returncode == 0) == (pairs["shared vs dedicated"]["max_dp"] <= 0.02)
 
