@@ -6,11 +6,14 @@ their weight tensors by reference: no second copy of k layers. LoRA is applied u
 is why the branch needs every tapped row of the prompt. The last layer computes only the last
 token's row, the one the head reads. The head runs in fp32, as vLLM's pooling classifier does.
 
-Precision. The base projections, norms and attention run in the model's dtype through the base
-modules and torch's SDPA, as the dedicated engine runs its own. The LoRA delta is computed in fp32
-and added before the one rounding to the dtype, the nearest the unmerged form gets to the dedicated
-engine's LoRA merged in fp32 (on the tiny test model it brought the shared engine's gate closer to
-the dedicated engine's; fp32 attention did not, on either kind of CPU).
+Precision: the branch computes what the engine's own layers would. The projections and norms are
+the base modules. The LoRA delta is computed in fp32 and added before the one rounding to the
+dtype, the nearest the unmerged form gets to a LoRA merged in fp32. Attention is torch's SDPA at the
+precision of the engine's attention backend: vLLM's CPU "vec" kernels (CPUs without AMX) keep the
+probabilities in fp32, so the branch attends in fp32 there; AMX tiles and GPU kernels multiply V by
+probabilities in the model's dtype, and so does the branch. (Measured on the tiny test model: the
+matching precision brings the gate closer to the dedicated engine's on each kind of CPU, the other
+one moves it away.)
 
 It runs eagerly, outside vLLM's compiled graph, on gate requests only.
 
@@ -52,8 +55,9 @@ class GateBranch(nn.Module):
     """Runs the gate model's last k layers and head on one request's tapped rows."""
 
     def __init__(self, layers: list[nn.Module], final_norm: nn.Module, adapter: GateAdapter,
-                 device: torch.device) -> None:
+                 device: torch.device, attention_fp32: bool = False) -> None:
         super().__init__()
+        self.attention_fp32 = attention_fp32
         # Plain lists: the base modules must not be registered twice (their weights belong to the base).
         self.layers = list(layers)
         self.final_norm = [final_norm]
@@ -146,11 +150,13 @@ class GateBranch(nn.Module):
         q = q.reshape(q.shape[0], attn.num_heads, head_dim).transpose(0, 1)  # [H, Lq, D]
         k = k.reshape(n, attn.num_kv_heads, head_dim).transpose(0, 1)  # [Hkv, L, D]
         v = v.reshape(n, attn.num_kv_heads, head_dim).transpose(0, 1)
+        if self.attention_fp32:
+            q, k, v = q.float(), k.float(), v.float()
         # Causal over the request's own rows; the last-only query attends every key, so no mask.
         # enable_gqa shares each K/V head across its query heads without copying them.
         out = F.scaled_dot_product_attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
                                              is_causal=not last_only, scale=attn.scaling, enable_gqa=True)
-        out = out[0].transpose(0, 1).reshape(q.shape[1], attn.q_size)  # [Lq, H*D]
+        out = out[0].transpose(0, 1).reshape(q.shape[1], attn.q_size).to(h.dtype)  # [Lq, H*D]
         o, _ = attn.o_proj(out)
         delta = self._lora(index, "o_proj", out, reduce=True)
         return o if delta is None else (o.float() + delta).to(o.dtype)

@@ -147,7 +147,8 @@ class GateState(nn.Module):
         self.register_buffer("action_ids", torch.tensor(hf.gatehead_action_ids, dtype=torch.long, device=device),
                              persistent=False)
         self.head_order = [adapter.spec.labels.index(label) for label in LABELS]  # head row per canonical label
-        self.branch = GateBranch(list(layers[adapter.branch_layer:]), model.model.norm, adapter, device)
+        self.branch = GateBranch(list(layers[adapter.branch_layer:]), model.model.norm, adapter, device,
+                                 attention_fp32=_attention_in_fp32(vllm_config, layers[adapter.branch_layer]))
         tap = getattr(hf, "gatehead_tap", "copy")
         if tap != "off":  # "off" and branch=False: the stability check's diagnostic modes
             tap_norm(layers[adapter.branch_layer].input_layernorm, self.tap_buffer, perturbed=tap == "perturbed")
@@ -198,6 +199,20 @@ class GateState(nn.Module):
             "tap_buffer": self.tap_buffer.numel() * self.tap_buffer.element_size(),
             "retained_rows_bound": self.rows.max_rows * row_bytes,
         }
+
+
+def _attention_in_fp32(vllm_config, layer: nn.Module) -> bool:
+    """Whether this engine's attention keeps its probabilities in fp32 (vLLM's CPU "vec" kernels) rather than
+    rounding them to the model's dtype before multiplying V (AMX tiles, GPU kernels): the branch matches it."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu() or vllm_config.model_config.dtype == torch.float32:
+        return False
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+    cache = vllm_config.cache_config
+    isa = _get_attn_isa(vllm_config.model_config.dtype, cache.block_size, layer.self_attn.head_dim, cache.cache_dtype)
+    return isa in ("vec", "vec16")
 
 
 def _refuse_unsupported(vllm_config) -> None:
