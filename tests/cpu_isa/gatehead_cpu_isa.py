@@ -12,10 +12,7 @@ this folder on PYTHONPATH, so its `sitecustomize` applies it to every process th
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import os
-import sys
 
 VARIABLE = "GATEHEAD_TEST_CPU_ISA"
 CHOICES = ("native", "avx512")
@@ -30,44 +27,15 @@ def requested() -> str:
 
 
 def apply() -> None:
-    """Emulate the requested ISA in this process; call before oneDNN or vLLM first runs.
-
-    torch is patched when it is first imported (now, if it already is): a process that never imports
-    it does not pay for it, and tests that check what a bare `import gatehead` loads stay true.
-    """
+    """Emulate the requested ISA in this process; call before oneDNN or vLLM first runs."""
     if requested() != "avx512":
         return
     os.environ["ONEDNN_MAX_CPU_ISA"] = "AVX512_CORE"
-    if "torch" in sys.modules:
-        _patch(sys.modules["torch"])
-    elif not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _PatchOnImport())
+    import torch
 
-
-def _patch(torch) -> None:
     for name in ("_is_amx_tile_supported", "_is_amx_fp16_supported", "_is_avx512_bf16_supported"):
         setattr(torch.cpu, name, _no)
 
 
 def _no() -> bool:
     return False
-
-
-class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Finds `torch` as usual, then patches it once its module has run."""
-
-    def find_spec(self, name, path, target=None):
-        if name != "torch":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        if spec is None or spec.loader is None:
-            return spec
-        run = spec.loader.exec_module
-
-        def exec_module(module) -> None:
-            run(module)
-            _patch(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
