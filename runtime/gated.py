@@ -2,7 +2,7 @@
 
 Per step (`gatehead.runtime.plugin` wraps the runner's `_model_forward` around steps 2-3):
 1. `begin_step(rows, live)`: the gate requests scheduled this step and their rows in the flattened batch;
-2. the base forward runs unchanged (compiled, eager or a CUDA graph); the tap copies layer N-k's residual;
+2. the base forward runs unchanged (compiled, eager or a CUDA graph); the tap copies the inputs of layer N-k's norm;
 3. `after_forward()`: this step's gate rows are kept; a prompt whose last chunk arrived runs the branch;
 4. `compute_logits`: each finished gate request's logits row becomes -inf except the three reserved
    action tokens, which carry the head's logits; vLLM's `logprob_token_ids` returns their log-softmax.
