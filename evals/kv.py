@@ -1,19 +1,45 @@
 """KV cost: what the shared engine's plugin costs in KV capacity and memory, against stock vLLM.
 
 Both engines are started at the same memory fraction (or the same explicit KV size) one after the
-other; their KV capacity is what vLLM allocated. The plugin's own allocations are itemised by the
-worker (`SharedEngine.plugin_memory`). Weights memory is the bytes of the tensors each setup loads:
-one shared engine loads the base checkpoint (plus the adapter's LoRA and head); two engines load
-the base for generation plus the dedicated gate checkpoint (`gatehead export-dedicated`).
+other; their KV capacity is what vLLM allocated. vLLM's CPU worker sizes KV by memory fraction as
+the fraction of NUMA node 0 less its own process's RSS, so each engine's core runs in a freshly
+spawned process (`fresh_engine_process`): in-process, or forked, its RSS would include whatever the
+caller holds, and the order the engines start in would decide the comparison. The plugin's own
+allocations are itemised by the worker (`SharedEngine.plugin_memory`). Weights memory is the bytes
+of the tensors each setup loads: one shared engine loads the base checkpoint (plus the adapter's
+LoRA and head); two engines load the base for generation plus the dedicated gate checkpoint
+(`gatehead export-dedicated`).
 """
 
 from __future__ import annotations
 
+import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
 from gatehead.runtime.engine import SharedEngine
+
+
+@contextmanager
+def fresh_engine_process() -> Iterator[None]:
+    """Engines started inside run their core in a spawned process of its own (vLLM's default layout, spawned)."""
+    from vllm import envs
+
+    names = ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_WORKER_MULTIPROC_METHOD")
+    saved = {name: os.environ.get(name) for name in names}
+    os.environ.update({"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "VLLM_WORKER_MULTIPROC_METHOD": "spawn"})
+    envs.disable_envs_cache()  # an in-process engine started earlier caches the variables
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def checkpoint_bytes(directory: str | Path) -> int:
@@ -48,7 +74,8 @@ def run_kv(config, out=None, work_dir=None):
     capacity = {}
     plugin: dict[str, int] = {}
     for name, cfg in (("stock", replace(config, adapter=None)), ("shared", config)):
-        engine = SharedEngine(cfg)
+        with fresh_engine_process():
+            engine = SharedEngine(cfg)
         try:
             capacity[name] = {"blocks": engine.kv_blocks, "tokens": engine.kv_tokens,
                               "block_size": int(engine.llm.vllm_config.cache_config.block_size)}

@@ -18,7 +18,6 @@ from gatehead.runtime.reference import HFReference
 from gatehead.runtime.tiny import TinyModel
 
 KV_BYTES = 128 << 20
-MEMORY_FRACTION = 0.1  # of NUMA node 0; engines sized this way also measure KV capacity
 
 
 def engine_config(tiny: TinyModel, gate: bool = True, **overrides: Any) -> EngineConfig:
@@ -66,11 +65,11 @@ def fp32_judge() -> Callable[..., tuple[Agreement, Agreement]]:
 
 @pytest.fixture(scope="session")
 def stock_eager(tiny: TinyModel) -> Iterator[SharedEngine]:
-    """Stock vLLM (no plugin model), eager, KV sized by memory fraction."""
-    yield from started(engine_config(tiny, gate=False, kv_cache_memory_bytes=None, memory_fraction=MEMORY_FRACTION))
+    """Stock vLLM (no plugin model), eager."""
+    yield from started(engine_config(tiny, gate=False))
 
 
 @pytest.fixture(scope="session")
 def shared_eager(tiny: TinyModel) -> Iterator[SharedEngine]:
-    """The shared engine, eager, KV sized by the same memory fraction as `stock_eager`."""
-    yield from started(engine_config(tiny, kv_cache_memory_bytes=None, memory_fraction=MEMORY_FRACTION))
+    """The shared engine, eager, with the same KV size as `stock_eager`."""
+    yield from started(engine_config(tiny))

@@ -31,12 +31,13 @@ def built(engine: SharedEngine, examples, kind: str) -> list[tuple[int, ...]]:
     return [getattr(engine.prompts.build(e.question, e.passages, e.conversation), kind) for e in examples]
 
 
-@pytest.mark.parametrize("mixed", [False, True], ids=["plain", "mixed"])
-def test_demo_stability(demo_stock, demo_shared, held_out, loop, mixed: bool) -> None:
+def test_demo_stability_with_gates_in_the_batches(demo_stock, demo_shared, held_out, loop) -> None:
+    """The trained model's answers are bit-identical to stock vLLM's with gate requests in the same batches.
+    (Without gates, and in compile mode, the tiny model checks the same: tests/runtime/test_fidelity*.py.)"""
     answers = built(demo_shared, held_out[:64], "answer")
-    gates = built(demo_shared, held_out[64:128], "gate") if mixed else []
-    result = loop.run(check_stability(demo_stock, demo_shared, answers, 128, gates))
-    print(f"demo {'mixed' if mixed else 'plain'}: {result}")
+    gates = built(demo_shared, held_out[64:128], "gate")
+    result = loop.run(check_stability(demo_stock, demo_shared, answers, 64, gates))
+    print(f"demo mixed: {result}")
     assert result.passed, result
 
 

@@ -113,8 +113,12 @@ def test_worker_routes_on_metadata_and_suffix_together(shared_eager: SharedEngin
     assert loop.run(shared_eager.gate("How long is the warranty?", DOCS)).result  # the engine is still fine
 
 
-def test_plugin_memory_is_itemised_and_kv_capacity_within_one_percent(
-        shared_eager: SharedEngine, stock_eager: SharedEngine, loop, tiny: TinyModel) -> None:
+def test_plugin_memory_is_itemised(shared_eager: SharedEngine, stock_eager: SharedEngine, loop,
+                                   tiny: TinyModel) -> None:
+    """The plugin's allocations, item by item, each the size its formula gives. What they cost in KV
+    capacity at one memory fraction, stock vs shared (the 1% rule), is measured by `gatehead eval kv`
+    (tests/evals), where each engine has a process of its own: these engines share the test process,
+    whose RSS vLLM subtracts when it sizes KV by memory fraction."""
     memory = loop.run(shared_eager.plugin_memory())
     hidden = tiny.adapter.spec.base.hidden_size
     budget = shared_eager.llm.vllm_config.scheduler_config.max_num_batched_tokens
@@ -123,10 +127,8 @@ def test_plugin_memory_is_itemised_and_kv_capacity_within_one_percent(
     assert memory["lora_and_head"] == lora + 3 * hidden * 4  # + the fp32 head
     assert memory["retained_rows_bound"] == shared_eager.max_gate_tokens * 2 * hidden * 2
     assert loop.run(stock_eager.plugin_memory()) == {}
-    kv_bytes = shared_eager.kv_blocks * 32 * 2 * tiny.adapter.spec.base.num_layers * 2 * 32 * 2  # K,V x heads x dim
-    assert sum(memory.values()) <= 0.01 * kv_bytes
-    assert shared_eager.kv_blocks >= 0.99 * stock_eager.kv_blocks
-    print(f"KV blocks: stock {stock_eager.kv_blocks}, shared {shared_eager.kv_blocks}; plugin bytes {memory}")
+    assert shared_eager.kv_blocks == stock_eager.kv_blocks  # the same explicit KV size
+    print(f"KV blocks: {shared_eager.kv_blocks}; plugin bytes {memory}")
 
 
 def _lora_shapes(tiny: TinyModel) -> list[tuple[int, int, int]]:

@@ -13,8 +13,6 @@ from gatehead.runtime.engine import SharedEngine
 from gatehead.runtime.reference import HFReference
 from gatehead.runtime.tiny import TinyModel
 
-MEMORY_FRACTION = 0.1  # as the session's stock_eager and shared_eager
-
 N_STABILITY = 64
 N_AGREEMENT = 256
 
@@ -27,7 +25,7 @@ def prompts(engine: SharedEngine, n: int, seed: int, kind: str) -> list[tuple[in
 @pytest.fixture(scope="module")
 def perturbed_eager(engines) -> SharedEngine:
     """The negative control: `shared_eager` but for a tap that writes its rounding back into the stream."""
-    return engines(tap="perturbed", kv_cache_memory_bytes=None, memory_fraction=MEMORY_FRACTION)
+    return engines(tap="perturbed")
 
 
 @pytest.mark.parametrize("mixed", [False, True], ids=["plain", "mixed"])

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from gatehead.evals.agreement import shared_gate_probs
+from gatehead.evals.agreement import agreement, no_further_from_fp32, shared_gate_probs
 from gatehead.evals.stability import check_stability
 from gatehead.evals.workload import synthetic_requests
+from gatehead.runtime.reference import HFReference
 from gatehead.runtime.tiny import TinyModel
 
 
@@ -25,12 +26,17 @@ def test_stability_compiled(compiled, loop, mixed: bool) -> None:
     assert result.passed, result
 
 
-def test_compiled_gate_agrees_with_fp32_as_well_as_hf_bf16_does(compiled, loop, tiny: TinyModel, fp32_judge) -> None:
-    """Compile mode fuses the base's bf16 ops differently (the tap sits inside the compiled graph): the gate is
-    no further from fp32 than HF's own bf16 gate, both measured in this run. A random adapter's decisions sit
-    on its thresholds, so it is judged on |dp| alone (flips are printed)."""
+def test_compiled_gate_is_no_further_from_fp32_than_eager(compiled, shared_eager, loop, tiny: TinyModel) -> None:
+    """Compile mode fuses the base's bf16 ops differently (the tap sits inside the compiled graph): the
+    compiled gate is no further from fp32 than the eager one, beyond what one reordering of the same bf16
+    sums moves a gate on this machine (HF bf16 merged vs unmerged), all measured in this run. A random
+    adapter's decisions sit on its thresholds, so it is judged on |dp| alone (flips are printed)."""
     _, shared = compiled
     gates = [shared.prompts.build(r.question, r.passages, r.conversation).gate for r in synthetic_requests(128, 7)]
-    engine, floor = fp32_judge(loop.run(shared_gate_probs(shared, gates)), tiny, gates)
-    print(f"compiled shared vs HF fp32: {engine}\nHF bf16 vs HF fp32: {floor}")
-    assert engine.max_dp <= floor.max_dp and engine.mean_dp <= floor.mean_dp, (engine, floor)
+    compiled_probs, eager = (loop.run(shared_gate_probs(e, gates)) for e in (shared, shared_eager))
+    fp32, bf16, merged = (HFReference(tiny.model_dir, tiny.adapter_dir, dtype, merged=m).gate_probs(gates)
+                          for dtype, m in (("float32", False), ("bfloat16", False), ("bfloat16", True)))
+    bounds = no_further_from_fp32(compiled_probs, eager, fp32, bf16, merged, name="compiled")
+    print(f"compiled vs eager: {agreement(compiled_probs, eager, tiny.adapter.spec.thresholds)}\n" + "\n".join(
+        f"{figure}: {value:.4f} (bound {bound:.4f})" for figure, (value, bound) in bounds.items()))
+    assert all(value <= bound for value, bound in bounds.values()), bounds

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from gatehead.evals.agreement import agreement, beyond, shared_gate_probs
+from gatehead.evals.agreement import agreement, no_further_from_fp32, shared_gate_probs
 from gatehead.evals.stability import check_stability
 from gatehead.evals.workload import synthetic_requests
 from gatehead.runtime.engine import EngineConfig, SharedEngine
@@ -56,33 +56,32 @@ def test_gate_under_tp2_matches_tp1_in_fp32(engines, tp2, loop, tiny: TinyModel)
 def test_trained_gate_under_tp2_in_bf16_matches_tp1(demo_shared, demo_gates, demo_references, loop) -> None:
     """bf16 on the demo model: TP=2 sums the base in another order, and a trained gate must not notice.
 
-    Bound: no flips, and no further from TP=1 (the session's demo engine) than the same gate in HF bf16
-    is from fp32: on average, and per gate within 0.02 of that (a gate on the edge of two classes moves
-    more under any rounding). (On the tiny random model bf16 TP=2 vs TP=1 differs about as much as HF
-    bf16 does from fp32, flips included: random decisions sit on their thresholds. The fp32 test above
-    pins the sharding.)
+    Bound: no flips against TP=1 (the session's demo engine), and TP=2 no further from the fp32 gate than
+    TP=1 is, beyond what one reordering of the same bf16 sums moves a gate on this machine (HF bf16 with
+    the LoRA merged vs unmerged): two bf16 roundings of one gate may sit on either side of fp32, so they
+    are not judged against each other. (On the tiny random model bf16 TP=2 vs TP=1 differs about as much
+    as HF bf16 does from fp32, flips included: random decisions sit on their thresholds. The fp32 test
+    above pins the sharding.)
     """
     from gatehead.demo import ADAPTER_DIR, MODEL_DIR
 
-    gates = demo_gates[:128]
+    n = 64
+    gates = demo_gates[:n]
     config = EngineConfig(model=MODEL_DIR, adapter=ADAPTER_DIR, enforce_eager=True, block_size=32,
                           kv_cache_memory_bytes=256 << 20, max_model_len=2048, extra={"tensor_parallel_size": 2})
     with cpu_binding(2):
-        two = SharedEngine(config)
+        engine = SharedEngine(config)
     try:
-        probs = [loop.run(shared_gate_probs(demo_shared, gates)), loop.run(shared_gate_probs(two, gates))]
+        one, two = loop.run(shared_gate_probs(demo_shared, gates)), loop.run(shared_gate_probs(engine, gates))
     finally:
-        two.shutdown()
-    thresholds = demo_shared.adapter.spec.thresholds
-    result = agreement(probs[1], probs[0], thresholds)
-    bf16, fp32 = demo_references["bf16"][:128], demo_references["fp32"][:128]
-    noise = agreement(bf16, fp32, thresholds)
-    excess = beyond(probs[1], probs[0], bf16, fp32)
-    print(f"demo bf16 TP=2 vs TP=1 gate: {result}\ndemo HF bf16 vs HF fp32: {noise}\n"
-          f"TP beyond bf16 rounding, per gate: max {excess.max():.4f} at {int(excess.argmax())}")
+        engine.shutdown()
+    result = agreement(two, one, demo_shared.adapter.spec.thresholds)
+    fp32, bf16, merged = (demo_references[name][:n] for name in ("fp32", "bf16", "merged"))
+    bounds = no_further_from_fp32(two, one, fp32, bf16, merged, name="TP=2")
+    print(f"demo bf16 TP=2 vs TP=1 gate: {result}\n" + "\n".join(
+        f"{figure}: {value:.4f} (bound {bound:.4f})" for figure, (value, bound) in bounds.items()))
     assert len(result.mix_a) == 3 and result.flips == 0, result
-    # TP moves the gates less than bf16 rounding does: on average, and per gate within 0.02 of it.
-    assert result.mean_dp <= noise.mean_dp and excess.max() <= 0.02, (result, noise, float(excess.max()))
+    assert all(value <= bound for value, bound in bounds.values()), bounds
 
 
 def test_generation_under_tp2_is_unchanged_by_the_branch(tp2, loop) -> None:

@@ -341,7 +341,7 @@ def test_schema_fuzzing_finds_no_server_errors(server: Server, workdir: Path) ->
     hooks = {"SCHEMATHESIS_HOOKS": "schemathesis_checks", "PYTHONPATH": str(Path(__file__).parent)}
     result = subprocess.run([str(Path(sys.executable).parent / "schemathesis"), "run", f"{server.url}/openapi.json",
                              "-H", f"Authorization: Bearer {KEY}", "--checks", "no_server_error_but_the_guards",
-                             "--mode", "all", "--max-examples", "15", "--seed", "1", "--generation-database", "none",
+                             "--mode", "all", "--max-examples", "8", "--seed", "1", "--generation-database", "none",
                              "--no-shrink"],
                             capture_output=True, text=True, timeout=600, cwd=workdir, env={**os.environ, **hooks})
     print(result.stdout[-3000:])
