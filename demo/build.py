@@ -1,8 +1,11 @@
 """Builds the demo kit, stage by stage: `python -m gatehead.demo.build {generate,label,train,evaluate}`.
 
-- generate: the corpus (`demo/corpus/*.md`) and labelled questions (`demo/questions.jsonl`), seeded;
+- generate: the corpus (`demo/corpus/*.md`) and labelled questions, seeded: in the two templates per
+  attribute (`demo/questions.jsonl`) and in people's phrasings, held out by family, with out-of-scope
+  messages (`demo/questions-phrased.jsonl`);
 - label: retrieves for every question with the real retriever, keeps those whose retrieval behaves
-  as the label says, writes `demo/data/{train,val,test}.jsonl` (CPU);
+  as the label says, writes `demo/data/{train,val,test}.jsonl`, `demo/data/phrased-{split}.jsonl`
+  and, from the hand-written questions (`demo/handwritten.jsonl`), `demo/data/handwritten-test.jsonl` (CPU);
 - train-model: tokenizer and language model, in the stages of `demo_recipe()`, written to
   `demo/model` (CUDA if present, else CPU);
 - train-gate: the gate adapter on it, calibrated on val, evaluated on test: `demo/adapter` and
@@ -32,9 +35,12 @@ if TYPE_CHECKING:
 
 CORPUS_DIR = DEMO_DIR / "corpus"
 QUESTIONS = DEMO_DIR / "questions.jsonl"
+PHRASED = DEMO_DIR / "questions-phrased.jsonl"
+HANDWRITTEN = DEMO_DIR / "handwritten.jsonl"  # typed by hand; labelled, never generated
 DATA_DIR = DEMO_DIR / "data"
 REPORT = DEMO_DIR / "report.json"
 SEED = 0
+PHRASED_DRAWN = 20  # fresh gibberish and arithmetic messages per split
 
 
 def _write_jsonl(path: Path, rows: Sequence[dict]) -> None:
@@ -56,12 +62,13 @@ def held_out_examples(splits: Sequence[str] = ("test", "val")) -> list:
             for i, row in enumerate(_read_jsonl(DATA_DIR / f"{split}.jsonl"), 1)]
 
 
-def generate(corpus_dir: Path = CORPUS_DIR, questions_path: Path = QUESTIONS) -> dict:
+def generate(corpus_dir: Path = CORPUS_DIR, questions_path: Path = QUESTIONS, phrased_path: Path = PHRASED) -> dict:
     from gatehead.demo.kb import build_kb
-    from gatehead.demo.questions import build_questions
+    from gatehead.demo.questions import build_questions, phrased_questions
 
     kb = build_kb(SEED)
     questions = build_questions(kb, SEED)
+    phrased = phrased_questions(kb, SEED, drawn=PHRASED_DRAWN)
     if corpus_dir.exists():
         shutil.rmtree(corpus_dir)
     for doc in kb.docs:
@@ -69,12 +76,43 @@ def generate(corpus_dir: Path = CORPUS_DIR, questions_path: Path = QUESTIONS) ->
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(doc.markdown(), encoding="utf-8")
     _write_jsonl(questions_path, [q.to_dict() for q in questions])
-    return {"documents": len(kb.docs), "questions": len(questions)}
+    _write_jsonl(phrased_path, [q.to_dict() for q in phrased])
+    return {"documents": len(kb.docs), "questions": len(questions), "phrased": len(phrased)}
+
+
+def label_all(kb, corpus_dir: Path = CORPUS_DIR, data_dir: Path = DATA_DIR) -> dict:
+    """The label stage: the template, phrased and hand-written questions against the real retriever."""
+    import tempfile
+
+    from gatehead.demo.label import label
+    from gatehead.demo.questions import handwritten_questions
+
+    report = {"template": label(kb, corpus_dir, QUESTIONS, data_dir),
+              "phrased": label(kb, corpus_dir, PHRASED, data_dir, prefix="phrased-")}
+    with tempfile.TemporaryDirectory() as tmp:
+        questions = Path(tmp) / "handwritten.jsonl"
+        _write_jsonl(questions, [q.to_dict() for q in handwritten_questions(kb, _read_jsonl(HANDWRITTEN))])
+        report["handwritten"] = label(kb, corpus_dir, questions, data_dir, prefix="handwritten-")
+    return report
+
+
+def _relative(path: str | None, root: Path) -> str | None:
+    return None if path is None else os.path.relpath(Path(path).resolve(), Path(root).resolve())
+
+
+def training_records(data_dir: Path, phrasings: bool, split: str = "train") -> list[dict]:
+    """The labelled rows of `split` that train (or, for "val", choose): the templated ones, and with
+    `phrasings` the phrased ones (`phrased-<split>.jsonl`) after them."""
+    rows = _read_jsonl(data_dir / f"{split}.jsonl")
+    return rows + (_read_jsonl(data_dir / f"phrased-{split}.jsonl") if phrasings else [])
 
 
 def train_model(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, smoke: bool = False,
-                spec: ModelSpec | None = None, config: LMConfig | None = None) -> dict:
+                spec: ModelSpec | None = None, config: LMConfig | None = None, root: Path | None = None) -> dict:
     """Tokenizer and language model from the labelled training split plus synthetic knowledge bases.
+
+    `training.json` records `config.init_from` relative to `root` (default `out_dir`), so that no path
+    of the machine it was trained on is kept.
 
     `spec` and `config` default to `ModelSpec()` and `LMConfig()`, one stage of the first demo model's
     recipe; `build_demo_model` runs the committed model's stages. With `config.init_from`, `spec`
@@ -89,9 +127,9 @@ def train_model(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, smoke: bool
     spec, config = spec or ModelSpec(), config or LMConfig()
     if smoke:
         config = replace(config, knowledge_bases=2, max_steps=20)
-    records = _read_jsonl(data_dir / "train.jsonl")[:40 if smoke else None]
+    records = training_records(data_dir, config.phrasings)[:40 if smoke else None]
     examples = training_examples(records, config.knowledge_bases, config.data_seed, config.same_category_negatives,
-                                 config.wide_names)
+                                 config.wide_names, config.phrasings)
     model_dir = out_dir / "model"
     if model_dir.exists():
         shutil.rmtree(model_dir)
@@ -122,15 +160,19 @@ def train_model(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, smoke: bool
     model.to("cpu", dtype=torch.bfloat16).save_pretrained(model_dir, max_shard_size="15MB")
     report = {"device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
               "torch": torch.__version__, "seconds": round(time.time() - started, 1), "model": asdict(spec),
-              "config": asdict(config), "steps": log[-1]["step"] if log else 0, "examples": len(examples),
+              "config": {**asdict(config), "init_from": _relative(config.init_from, root or out_dir)},
+              "steps": log[-1]["step"] if log else 0, "examples": len(examples),
               "real_records": len(records), "log": log}
     (model_dir / "training.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
 
 
-def demo_recipe() -> tuple[ModelSpec, tuple[LMConfig, ...], TrainConfig]:
+def demo_recipe(phrasings: bool = False) -> tuple[ModelSpec, tuple[LMConfig, ...], TrainConfig]:
     """The committed model's recipe: its shape, four training stages (each continuing the one before)
-    and the gate's training. The README says what each stage changed and what it fixed."""
+    and the gate's training. The README says what each stage changed and what it fixed.
+
+    With `phrasings`, a fifth stage on people's phrasings (`LMConfig(phrasings=True)`): the candidate
+    of stop 30, not yet the committed model (`train-model --phrasings --first-stage 5`)."""
     from gatehead.demo.train import LMConfig, ModelSpec
     from gatehead.gate.train import TrainConfig
 
@@ -148,23 +190,45 @@ def demo_recipe() -> tuple[ModelSpec, tuple[LMConfig, ...], TrainConfig]:
         *(LMConfig(knowledge_bases=4, epochs=4, batch_size=32, learning_rate=3e-4, warmup_steps=49, max_steps=240,
                    same_category_negatives=True, wide_names=True, data_seed=seed, cpu_bf16=True) for seed in (11, 12)),
     )
+    if phrasings:
+        stages += (
+            # People's phrasings: the phrased training split and fresh knowledge bases asked in the training
+            # families, with out-of-scope messages (one H200: 153 s of training).
+            LMConfig(knowledge_bases=60, epochs=1, batch_size=256, learning_rate=5e-4, warmup_steps=100,
+                     max_steps=1000, same_category_negatives=True, wide_names=True, phrasings=True, data_seed=13),
+        )
     gate = TrainConfig(epochs=3, patience=2, batch_size=16, learning_rate=1e-3, seed=SEED)
     return spec, stages, gate
 
 
-def build_demo_model(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, smoke: bool = False) -> dict:
+def build_demo_model(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, smoke: bool = False,
+                     first_stage: int = 1, phrasings: bool = False) -> dict:
     """`demo_recipe()`'s stages into `out_dir/model`, the earlier ones into `out_dir/stages/<n>/model`.
 
-    The final `training.json` lists every stage's record under "stages" (its own is the last).
+    With `first_stage` > 1 the stages before it are taken as done: the run continues the model in
+    `out_dir/model` (the committed one), and its `training.json` stage records are kept. The final
+    `training.json` lists every stage's record under "stages" (its own is the last).
     """
-    spec, stages, _ = demo_recipe()
+    spec, stages, _ = demo_recipe(phrasings)
+    if not 1 <= first_stage <= len(stages):
+        raise ValueError(f"first_stage must be in 1..{len(stages)}, got {first_stage}")
     records: list[dict] = []
     source: Path | None = None
-    for n, config in enumerate(stages, 1):
+    if first_stage > 1:
+        done = json.loads((out_dir / "model" / "training.json").read_text())["stages"]
+        if len(done) != first_stage - 1:
+            raise ValueError(f"{out_dir / 'model'} records {len(done)} stages; stage {first_stage} continues "
+                             f"a model of {first_stage - 1}")
+        records = done
+        source = out_dir / "stages" / str(first_stage - 1) / "model"
+        if source.exists():
+            shutil.rmtree(source)
+        shutil.copytree(out_dir / "model", source)
+    for n, config in enumerate(stages[first_stage - 1:], first_stage):
         stage_dir = out_dir if n == len(stages) else out_dir / "stages" / str(n)
         if source is not None:
             config = replace(config, init_from=str(source))
-        report = train_model(data_dir, stage_dir, smoke, spec, config)
+        report = train_model(data_dir, stage_dir, smoke, spec, config, root=out_dir)
         records.append({k: v for k, v in report.items() if k != "log"})
         source = stage_dir / "model"
     path = out_dir / "model" / "training.json"
@@ -173,14 +237,16 @@ def build_demo_model(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, smoke:
 
 
 def train_gate_and_report(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, smoke: bool = False,
-                          config: TrainConfig | None = None) -> dict:
+                          config: TrainConfig | None = None, phrasings: bool = False) -> dict:
     """The gate adapter on the model in `out_dir/model`, calibrated on val; held-out figures on test.
 
-    `config` defaults to the committed gate's (`demo_recipe()`).
+    `config` defaults to the committed gate's (`demo_recipe()`). With `phrasings` the gate also trains
+    on the phrased training split and chooses on the phrased validation split (out-of-scope included);
+    the report gives the figures of every test set (`gatehead.demo.evaluate.evaluate_sets`).
     """
     import torch
 
-    from gatehead.demo.evaluate import evaluate
+    from gatehead.demo.evaluate import evaluate, evaluate_sets
     from gatehead.demo.train import ModelSpec
     from gatehead.gate.calibrate import calibrate
     from gatehead.gate.data import parse_example
@@ -189,8 +255,9 @@ def train_gate_and_report(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, s
     started = time.time()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     window = ModelSpec().max_position
-    records = {split: _read_jsonl(data_dir / f"{split}.jsonl")[:40 if smoke else None]
-               for split in ("train", "val", "test")}
+    records = {split: training_records(data_dir, phrasings, split)[:40 if smoke else None]
+               for split in ("train", "val")}
+    records["test"] = _read_jsonl(data_dir / "test.jsonl")[:40 if smoke else None]
     model_dir, adapter_dir = out_dir / "model", out_dir / "adapter"
 
     def gate_examples(rows: list[dict], name: str):
@@ -207,6 +274,8 @@ def train_gate_and_report(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, s
                                                      enumerate(records["val"], 1)], answer_precision=0.95,
                             max_context=window)
     figures = evaluate(model_dir, adapter_dir, records["test"], device=device, max_context=window)
+    # The evaluation sets of val, to choose by; test's are read once, by the evaluate stage.
+    val_sets = {} if smoke or not phrasings else evaluate_sets(model_dir, adapter_dir, data_dir, "val", device, window)
     report = {
         "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
         "language_model": json.loads((model_dir / "training.json").read_text()),
@@ -215,6 +284,7 @@ def train_gate_and_report(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, s
                           "val_accuracy": [e.val.accuracy for e in result.epochs]},
         "calibration": calibration.to_dict(),
         "test": figures,
+        **({"val_sets": val_sets} if val_sets else {}),
     }
     report["language_model"].pop("log")
     (out_dir / "report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
@@ -226,26 +296,60 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("stage", choices=["generate", "label", "train-model", "train-gate", "evaluate"])
     parser.add_argument("--out-dir", type=Path, default=DEMO_DIR, help="where train writes model/, adapter/, report")
     parser.add_argument("--smoke", action="store_true", help="a few steps on a few examples: checks the pipeline")
+    parser.add_argument("--first-stage", type=int, default=1,
+                        help="train-model: continue the committed model from this stage of demo_recipe()")
+    parser.add_argument("--phrasings", action="store_true",
+                        help="people's phrasings too: the fifth model stage; the gate on the phrased splits")
+    parser.add_argument("--split", choices=["val", "test"], default="val",
+                        help="evaluate: the split whose evaluation sets are measured (choose on val)")
+    parser.add_argument("--out", type=Path, help="evaluate: write the figures to this JSON file")
+    parser.add_argument("--device", default=None, help="evaluate: cuda or cpu (default: cuda if present)")
     args = parser.parse_args(argv)
     if args.stage == "generate":
         print(json.dumps(generate()))
     elif args.stage == "label":
         from gatehead.demo.kb import build_kb
-        from gatehead.demo.label import label
 
-        print(json.dumps(label(build_kb(SEED), CORPUS_DIR, QUESTIONS, DATA_DIR), indent=2))
+        print(json.dumps(label_all(build_kb(SEED)), indent=2))
     elif args.stage == "train-model":
-        report = build_demo_model(out_dir=args.out_dir, smoke=args.smoke)
+        report = build_demo_model(out_dir=args.out_dir, smoke=args.smoke, first_stage=args.first_stage,
+                                  phrasings=args.phrasings)
         print(json.dumps([{k: stage[k] for k in ("seconds", "examples", "steps")} for stage in report["stages"]]))
     elif args.stage == "train-gate":
-        report = train_gate_and_report(out_dir=args.out_dir, smoke=args.smoke)
+        report = train_gate_and_report(out_dir=args.out_dir, smoke=args.smoke, phrasings=args.phrasings)
         print(json.dumps(report["test"], indent=2, ensure_ascii=False))
     else:
-        from gatehead.demo.evaluate import evaluate
-
-        figures = evaluate(MODEL_DIR, ADAPTER_DIR, _read_jsonl(DATA_DIR / "test.jsonl"))
-        print(json.dumps(figures, indent=2))
+        print(json.dumps(evaluate_stage(args.split, args.out, args.device), indent=2, ensure_ascii=False))
     return 0
+
+
+def evaluate_stage(split: str, out: Path | None = None, device: str | None = None) -> dict:
+    """The evaluate stage: every evaluation set of `split` on the committed model and gate, with what
+    identifies them (file hashes); written to `out` when given."""
+    import hashlib
+
+    import torch
+
+    from gatehead.demo.evaluate import evaluate_sets
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    started = time.time()
+    figures = evaluate_sets(MODEL_DIR, ADAPTER_DIR, DATA_DIR, split, device)
+    weights = sorted(MODEL_DIR.glob("*.safetensors")) + [ADAPTER_DIR / "adapter_model.safetensors"]
+    result = {"command": f"python -m gatehead.demo.build evaluate --split {split}", "split": split,
+              "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+              "seconds": round(time.time() - started, 1),
+              "weights_sha256": {str(p.relative_to(DEMO_DIR)): hashlib.sha256(p.read_bytes()).hexdigest()[:16]
+                                 for p in weights},
+              "sets": figures}
+    if out is not None:
+        _write_json(out, result)
+    return result
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

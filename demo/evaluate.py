@@ -5,10 +5,16 @@ answers on answerable questions (citations, case and end punctuation ignored), e
 rewrite on search questions, and how often it refuses where the documents lack the answer.
 Runs through the HF reference (fp32), on CUDA or CPU; the shared engine's agreement with it is
 checked elsewhere (`gatehead.evals.agreement`).
+
+`evaluate_sets` gives the figures of each evaluation set of a split (`SETS`): the two templates per
+attribute ("template"), people's phrasings in families training never saw ("phrased"), messages out
+of the knowledge base's scope ("out_of_scope": tasks, arithmetic, gibberish, injections, other
+languages, world questions) and, on test only, the questions typed by hand ("handwritten").
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -57,6 +63,11 @@ def evaluate(model_dir: str | Path, adapter_dir: str | Path, records: Sequence[d
     answer_hits = [normalize(a) == normalize(r["answer"]) for a, (r, _) in zip(answers, answerable, strict=True)]
     rewrite_hits = [normalize(a) == normalize(r["rewrite"]) for a, (r, _) in zip(rewrites, searches, strict=True)]
     refusal_hits = [a.strip() == REFUSAL for a in refused]
+    kinds = sorted({r["kind"] for r in records})
+    by_kind = {kind: {"questions": sum(r["kind"] == kind for r in records),
+                      "gate_accuracy": sum(r["kind"] == kind and d == e.label
+                                           for r, e, d in zip(records, examples, decisions, strict=True))
+                      / sum(r["kind"] == kind for r in records)} for kind in kinds}
     misses = [{"question": r["question"], "gold": r["answer"], "reply": a}
               for a, (r, _), hit in zip(answers, answerable, answer_hits, strict=True) if not hit]
     return {
@@ -67,5 +78,38 @@ def evaluate(model_dir: str | Path, adapter_dir: str | Path, records: Sequence[d
         "answerable": len(answer_hits),
         "rewrite_exact_match": sum(rewrite_hits) / max(len(rewrite_hits), 1),
         "refusal_rate_on_refuse": sum(refusal_hits) / max(len(refusal_hits), 1),
+        "by_kind": by_kind,
         "answer_misses": misses[:20],
     }
+
+
+SETS = ("template", "phrased", "out_of_scope", "handwritten")
+
+
+def _read(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def evaluation_sets(data_dir: str | Path, split: str) -> dict[str, list[dict]]:
+    """The labelled rows of each evaluation set of `split` ("val" or "test"); "handwritten" is test only."""
+    if split not in ("val", "test"):
+        raise ValueError(f"evaluation sets are held out: split must be 'val' or 'test', got {split!r}")
+    data_dir = Path(data_dir)
+    phrased = _read(data_dir / f"phrased-{split}.jsonl")
+    sets = {"template": _read(data_dir / f"{split}.jsonl"),
+            "phrased": [r for r in phrased if not r["family"].startswith("out-of-scope.")],
+            "out_of_scope": [r for r in phrased if r["family"].startswith("out-of-scope.")]}
+    if split == "test":
+        sets["handwritten"] = _read(data_dir / "handwritten-test.jsonl")
+    return sets
+
+
+def evaluate_sets(model_dir: str | Path, adapter_dir: str | Path, data_dir: str | Path, split: str,
+                  device: str = "cpu", max_context: int = 2048, sets: Sequence[str] = SETS) -> dict:
+    """`evaluate` on each evaluation set of `split` named in `sets` (see the module docstring)."""
+    unknown = set(sets) - set(SETS)
+    if unknown:
+        raise ValueError(f"unknown evaluation sets {sorted(unknown)}; choose from {list(SETS)}")
+    rows = evaluation_sets(data_dir, split)
+    return {name: evaluate(model_dir, adapter_dir, rows[name], device=device, max_context=max_context)
+            for name in sets if name in rows}

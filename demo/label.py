@@ -29,8 +29,9 @@ def _rows(hits) -> list[dict]:
     return [asdict(hit.to_passage()) for hit in hits]
 
 
-def label(kb: KnowledgeBase, corpus_dir: Path, questions_path: Path, out_dir: Path) -> dict:
-    """Write `out_dir/{train,val,test}.jsonl` of the questions whose retrieval matches their label.
+def label(kb: KnowledgeBase, corpus_dir: Path, questions_path: Path, out_dir: Path, prefix: str = "") -> dict:
+    """Write `out_dir/{prefix}{train,val,test}.jsonl` of the questions whose retrieval matches their label
+    (a split with no questions writes no file).
 
     `kb` is the knowledge base that wrote `corpus_dir` (it knows each document's split).
     """
@@ -78,11 +79,13 @@ def label(kb: KnowledgeBase, corpus_dir: Path, questions_path: Path, out_dir: Pa
             store.close()
     out_dir.mkdir(parents=True, exist_ok=True)
     for split, rows in kept.items():
-        (out_dir / f"{split}.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows),
+        if not rows:
+            continue
+        (out_dir / f"{prefix}{split}.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows),
                                                encoding="utf-8")
     return {
         "questions": len(questions),
-        "kept": {split: dict(Counter(r["label"] for r in rows)) for split, rows in kept.items()},
+        "kept": {split: dict(Counter(r["label"] for r in rows)) for split, rows in kept.items() if rows},
         "dropped": dict(dropped),
         "seconds": round(time.time() - started, 1),
     }

@@ -6,16 +6,21 @@ Intended labels come from how a question refers to its entity:
   order-code notice is related but lacks the fact; `rewrite` names the product, and finds it);
 - by order code or former name, about a fact on the notice itself: `answer`;
 - about a product that does not exist, a fact no document holds, or the world at large: `refuse`.
-`gatehead.demo.label` then checks every intended label against the real retriever and keeps only
-questions whose retrieval behaves as the label says. Nothing here retrieves or writes files.
+`build_questions` asks with the two templates per attribute above (the committed model's training
+questions and its "template" test set); `phrased_questions` asks in the phrasing families of
+`gatehead.demo.phrasings`, held out by family as entities are by split, and adds the out-of-scope
+messages. `gatehead.demo.label` then checks every intended label against the real retriever and
+keeps only questions whose retrieval behaves as the label says. Nothing here retrieves or writes files.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from gatehead.demo.kb import COMPANY, KnowledgeBase, Product, slug, split_of
+from gatehead.demo import phrasings
+from gatehead.demo.kb import COMPANY, SPLITS, KnowledgeBase, Product, slug, split_of
 
 # Per attribute: ways to ask about `{ref}` (a product reference). Unlisted attributes use _GENERIC.
 _ASK = {
@@ -75,6 +80,7 @@ class Question:
     gold: str = ""  # doc_id holding the answer
     related: str = ""  # search: doc_id the first retrieval should find
     rewrite: str = ""  # search: the reformulated question that finds `gold`
+    family: str = ""  # the phrasing family (`gatehead.demo.phrasings`); "" for the templates above
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -142,4 +148,123 @@ def build_questions(kb: KnowledgeBase, seed: int = 0) -> list[Question]:
     order = r.sample(range(len(world)), len(world))
     for rank, i in enumerate(order):
         out.append(Question(f"world-{i}", world[i], "refuse", "world", split_of(rank, len(world))))
+    return out
+
+
+def _phrased(fid: str, group: dict[str, list[str]], attribute: str, ref: str, r: random.Random) -> str:
+    return phrasings.render(fid, r.choice(group[fid]), attribute, ref)
+
+
+def phrased_product_questions(product: Product, split: str, r: random.Random, per_fact: int = 2) -> list[Question]:
+    """Questions about one product in the phrasing families of `split`: `per_fact` families per fact by
+    name, one by order code and former name each, two facts no document holds, one foreign attribute."""
+    out: list[Question] = []
+    notice = next(f.doc_id for f in product.facts if f.attribute == "warehouse")
+    refs = [("code", product.code)] + ([("former", product.former_name)] if product.former_name else [])
+
+    def add(question: str, label: str, kind: str, family: str, **extra) -> None:
+        qid = f"{product.slug}-p{len(out)}"
+        out.append(Question(qid, question, label, kind, product.split, product.name, family=family, **extra))
+
+    for fact in product.facts:
+        group = phrasings.families_for(fact.attribute)
+        fids = phrasings.families_in(group, split)
+        for fid in r.sample(fids, min(per_fact, len(fids))):
+            add(_phrased(fid, group, fact.attribute, product.name, r), "answer", "name", fid,
+                answer=fact.value, gold=fact.doc_id)
+        for kind, ref in refs:
+            fid = r.choice(fids)
+            template = r.choice(group[fid])
+            asked = phrasings.render(fid, template, fact.attribute, ref)
+            if fact.doc_id == notice:
+                add(asked, "answer", "notice", fid, answer=fact.value, gold=fact.doc_id)
+            else:
+                add(asked, "search", kind, fid, answer=fact.value, gold=fact.doc_id, related=notice,
+                    rewrite=phrasings.render(fid, template, fact.attribute, product.name))
+    unknown = phrasings.families_in(phrasings.UNKNOWN_FAMILIES, split)
+    for fid in r.sample(unknown, 2):
+        add(_phrased(fid, phrasings.UNKNOWN_FAMILIES, "", product.name, r), "refuse", "unknown", fid)
+    own = {f.attribute for f in product.facts}
+    foreign = r.choice([a for a in _FOREIGN if a not in own])
+    fid = r.choice(phrasings.families_in(phrasings.FAMILIES[phrasings.GENERIC], split))
+    add(_phrased(fid, phrasings.FAMILIES[phrasings.GENERIC], foreign, product.name, r), "refuse", "foreign", fid)
+    return out
+
+
+def phrased_questions(kb: KnowledgeBase, seed: int = 0, family_split: str | None = None, per_fact: int = 2,
+                      drawn: int = 0) -> list[Question]:
+    """Questions in people's phrasings about `kb`, and out-of-scope messages, in a fixed order for a seed.
+
+    Each entity is asked in the phrasing families of its own split, so a held-out family is asked only
+    about held-out entities; with `family_split` every entity is asked in that split's families (a
+    synthetic knowledge base that trains: "train"). Out-of-scope messages (tasks, arithmetic, gibberish,
+    injections, other languages, world questions) of each split, or of `family_split` only, are
+    `refuse`, with `drawn` fresh gibberish and arithmetic messages per split.
+    """
+    r = random.Random(f"phrased-{seed}")
+    out: list[Question] = []
+    for product in kb.products:
+        out += phrased_product_questions(product, family_split or product.split, r, per_fact)
+    for policy in kb.policies:
+        split = family_split or policy.split
+        fids = phrasings.families_in(phrasings.POLICY_FAMILIES, split)
+        for n, fact in enumerate(policy.facts):
+            asked = [(fid, phrasings.render(fid, r.choice(phrasings.POLICY_FAMILIES[fid]), fact.attribute))
+                     for fid in r.sample(fids, min(per_fact, len(fids)))]
+            natural = phrasings.POLICY_BY_ATTRIBUTE.get(fact.attribute)
+            if natural:
+                asked.append(("policy.natural", r.choice(natural)))
+            for m, (fid, question) in enumerate(asked):
+                out.append(Question(f"{slug(policy.name)}-{n}-p{m}", question, "answer", "policy", policy.split,
+                                    policy.name, answer=fact.value, gold=fact.doc_id, family=fid))
+    ghosts = list(kb.ghosts)
+    for i, ghost in enumerate(ghosts):
+        split = split_of(i, len(ghosts))
+        for n, attribute in enumerate(r.sample(["price", "weight", "warranty", "colour"], 2)):
+            group = phrasings.families_for(attribute)
+            fid = r.choice(phrasings.families_in(group, family_split or split))
+            out.append(Question(f"ghost-{slug(ghost)}-p{n}", _phrased(fid, group, attribute, ghost, r), "refuse",
+                                "ghost", split, ghost, family=fid))
+    for split in [family_split] if family_split else SPLITS:
+        for n, (kind, message) in enumerate(phrasings.out_of_scope(split, drawn, seed)):
+            out.append(Question(f"{kind}-{split}-{n}", message, "refuse", kind, split, family=f"out-of-scope.{kind}"))
+    return out
+
+
+_HANDWRITTEN_KINDS = {"name", "code", "former", "notice", "policy", "unknown", "foreign", "ghost", "world",
+                      *phrasings.OUT_OF_SCOPE}
+
+
+def handwritten_questions(kb: KnowledgeBase, rows: Sequence[dict]) -> list[Question]:
+    """The hand-written set (`demo/handwritten.jsonl`: question, label, kind, entity, attribute, answer,
+    typed by people about held-out products and policies) as labelled questions of the test split.
+
+    An answerable row's gold document is the one holding its entity's fact; a search row (by order code
+    or former name) relates to the order-code notice and is rewritten to name the product. Rows that
+    name no such fact, or a value its document does not hold, fail with the row's number.
+    """
+    facts = {(p.name, f.attribute): (f, p) for p in kb.products for f in p.facts}
+    facts.update({(p.name, f.attribute): (f, None) for p in kb.policies for f in p.facts})
+    out = []
+    for n, row in enumerate(rows, 1):
+        where = f"handwritten row {n} ({row.get('question', '')!r})"
+        label, kind = row.get("label"), row.get("kind")
+        if label not in ("answer", "search", "refuse") or kind not in _HANDWRITTEN_KINDS:
+            raise ValueError(f"{where}: label {label!r} / kind {kind!r} is not one the demo knows")
+        extra: dict[str, str] = {}
+        if label != "refuse":
+            found = facts.get((row["entity"], row["attribute"]))
+            if found is None:
+                raise ValueError(f"{where}: {row['entity']!r} has no fact {row['attribute']!r}")
+            fact, product = found
+            if fact.value != row["answer"]:
+                raise ValueError(f"{where}: the documents say {fact.value!r}, the row {row['answer']!r}")
+            extra = {"answer": fact.value, "gold": fact.doc_id}
+            if label == "search":
+                if product is None:
+                    raise ValueError(f"{where}: a search row asks about a product")
+                extra["related"] = next(f.doc_id for f in product.facts if f.attribute == "warehouse")
+                extra["rewrite"] = _ask(_asks(fact.attribute)[0], fact.attribute, product.name)
+        out.append(Question(f"handwritten-{n}", row["question"], label, kind, "test", row.get("entity", ""),
+                            family="handwritten", **extra))
     return out

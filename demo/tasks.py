@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from gatehead.agent.prompts import ANSWER_SYSTEM, REFUSAL, REWRITE_SYSTEM
 from gatehead.demo.kb import Doc, KnowledgeBase, build_kb, category_of, invented_stems
-from gatehead.demo.questions import Question, build_questions
+from gatehead.demo.questions import Question, build_questions, phrased_questions
 from gatehead.gate.data import parse_example
 from gatehead.gate.prompt import Passage, Turn
 
@@ -155,10 +155,14 @@ def synthetic_examples(kb: KnowledgeBase, questions: Sequence[Question], r: rand
 
 
 def training_examples(records: Sequence[dict], knowledge_bases: int, seed: int,
-                      same_category: bool = False, wide_names: bool = False) -> list[LMExample]:
+                      same_category: bool = False, wide_names: bool = False,
+                      phrasings: bool = False) -> list[LMExample]:
     """Real-retrieval examples from `records` plus `knowledge_bases` synthetic ones, shuffled.
 
     `wide_names`: the synthetic products' names take every shape `invented_stems(wide=True)` draws.
+    `phrasings`: each synthetic knowledge base is also asked in the training phrasing families, with
+    fresh out-of-scope messages (`phrased_questions(family_split="train")`); val and test families and
+    messages never appear.
     """
     r = random.Random(seed)
     out = [e for record in records for e in from_record(record)]
@@ -167,6 +171,9 @@ def training_examples(records: Sequence[dict], knowledge_bases: int, seed: int,
         kb = build_kb(seed=1000 + seed * 100 + i, products=40, stems=stems[:60], ghost_stems=stems[60:],
                       policies=False)
         questions = [q for q in build_questions(kb, seed=i) if q.kind != "world"]
+        if phrasings:  # out-of-scope messages are the same few in every knowledge base: a tenth of them each
+            phrased = phrased_questions(kb, seed=seed * 1000 + i, family_split="train", per_fact=1, drawn=4)
+            questions += [q for q in phrased if not q.family.startswith("out-of-scope.") or r.random() < 0.1]
         out += synthetic_examples(kb, questions, r, same_category)
     r.shuffle(out)
     return out

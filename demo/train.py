@@ -75,6 +75,10 @@ class LMConfig:
     wide_names: bool = False
     # On CPU, compute in bf16 under autocast as on CUDA (faster where the CPU has AMX); fp32 by default.
     cpu_bf16: bool = False
+    # People's phrasings: the phrased training split (`demo/data/phrased-train.jsonl`) beside the
+    # templated one, and synthetic knowledge bases asked in the training phrasing families too, with
+    # out-of-scope messages (`gatehead.demo.questions.phrased_questions`). Off in the stages before stop 31.
+    phrasings: bool = False
 
     def __post_init__(self) -> None:
         if self.seconds is not None and self.warmup_steps < 150:

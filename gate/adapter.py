@@ -14,6 +14,7 @@ This module does not run models; `gatehead.runtime` does.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import tempfile
@@ -197,10 +198,16 @@ def load_gate_adapter(adapter_dir: str | Path, base_dir: str | Path, check_token
 def save_gate_adapter(model: Any, spec: GateSpec, out_dir: str | Path, base_dir: str | Path) -> GateAdapter:
     """Save a PEFT SEQ_CLS `model` with `spec` as a gate adapter; validated before it replaces `out_dir`.
 
-    Nothing is left at `out_dir` if validation fails.
+    Nothing is left at `out_dir` if validation fails. PEFT records the base model's path as it was
+    loaded; the adapter records it relative to itself (`../model`), so that no path of the machine
+    it was trained on is kept (gatehead always names the base model when it loads an adapter).
     """
     with replace_dir(out_dir) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
+        config_path = tmp / "adapter_config.json"
+        peft_config = json.loads(config_path.read_text())
+        peft_config["base_model_name_or_path"] = os.path.relpath(Path(base_dir).resolve(), Path(out_dir).resolve())
+        config_path.write_text(json.dumps(peft_config, indent=2, sort_keys=True) + "\n")
         (tmp / GATE_JSON).write_text(json.dumps(spec.to_dict(), indent=2) + "\n")
         load_gate_adapter(tmp, base_dir)
     return load_gate_adapter(out_dir, base_dir)

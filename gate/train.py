@@ -150,5 +150,7 @@ def train_gate(model_dir: str | Path, train: Sequence[Example], val: Sequence[Ex
                 param.copy_(best[2][name])
     adapter = save_gate_adapter(model.to("cpu"), spec, out_dir, model_dir)
     result = TrainResult(adapter, best[1], reports)
-    (Path(out_dir) / "training.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    # The adapter is the directory holding this record: its name, not a path of the training machine.
+    record = {**result.to_dict(), "adapter": Path(out_dir).name}
+    (Path(out_dir) / "training.json").write_text(json.dumps(record, indent=2) + "\n")
     return result

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gatehead.demo import DEMO_DIR
-from gatehead.demo.build import CORPUS_DIR, DATA_DIR, QUESTIONS, generate
+from gatehead.demo.build import CORPUS_DIR, DATA_DIR, PHRASED, QUESTIONS, generate
 from gatehead.demo.kb import _GHOST_STEMS, _STEMS, build_kb, category_of, invented_stems
 from gatehead.demo.questions import build_questions
 from gatehead.demo.tasks import synthetic_examples, training_examples
@@ -20,13 +20,14 @@ def rows(split: str) -> list[dict]:
 
 
 def test_generator_reproduces_the_committed_corpus_and_questions(tmp_path: Path) -> None:
-    counts = generate(tmp_path / "corpus", tmp_path / "questions.jsonl")
-    assert counts["documents"] >= 150 and counts["questions"] >= 600
+    counts = generate(tmp_path / "corpus", tmp_path / "questions.jsonl", tmp_path / "phrased.jsonl")
+    assert counts["documents"] >= 150 and counts["questions"] >= 600 and counts["phrased"] >= 3000
     made = sorted(p.relative_to(tmp_path / "corpus") for p in (tmp_path / "corpus").rglob("*.md"))
     committed = sorted(p.relative_to(CORPUS_DIR) for p in CORPUS_DIR.rglob("*.md"))
     assert made == committed
     assert all((tmp_path / "corpus" / p).read_bytes() == (CORPUS_DIR / p).read_bytes() for p in made)
     assert (tmp_path / "questions.jsonl").read_bytes() == QUESTIONS.read_bytes()
+    assert (tmp_path / "phrased.jsonl").read_bytes() == PHRASED.read_bytes()
 
 
 def test_splits_are_by_entity_and_training_never_sees_held_out_documents() -> None:
@@ -169,15 +170,38 @@ def test_the_demo_recipe_runs_its_stages_in_order(tmp_path: Path, monkeypatch: p
     tiny = ModelSpec(num_layers=2, hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=1, head_dim=16,
                      vocab_size=600, split_digits=True, tokenizer_corpus="real")
     steps = (3, 2, 1)
-    monkeypatch.setattr(build, "demo_recipe", lambda: (tiny, tuple(
+    # As the real recipe: with phrasings, one more stage (here of 1 step) after the others.
+    monkeypatch.setattr(build, "demo_recipe", lambda phrasings=False: (tiny, tuple(
         LMConfig(knowledge_bases=1, batch_size=8, max_steps=n, warmup_steps=1, device="cpu", data_seed=i,
-                 wide_names=i == 2) for i, n in enumerate(steps)), gate))
+                 wide_names=i >= 2, phrasings=i == 3) for i, n in enumerate(steps + (1,) * phrasings)), gate))
     report = build.build_demo_model(out_dir=tmp_path)
     record = json.loads((tmp_path / "model" / "training.json").read_text())
     assert [s["steps"] for s in record["stages"]] == list(steps) == [s["steps"] for s in report["stages"]]
-    assert [s["config"]["init_from"] for s in record["stages"]] == [
-        None, str(tmp_path / "stages" / "1" / "model"), str(tmp_path / "stages" / "2" / "model")]
+    assert [s["config"]["init_from"] for s in record["stages"]] == [None, "stages/1/model", "stages/2/model"]
     assert record["config"] == record["stages"][-1]["config"] and record["log"][-1]["step"] == 1
     tokenizers = {(d / "tokenizer.json").read_bytes() for d in
                   (tmp_path / "stages" / "1" / "model", tmp_path / "stages" / "2" / "model", tmp_path / "model")}
     assert len(tokenizers) == 1
+    # Continuing the built model with the phrasings stage keeps the earlier stages' records.
+    again = build.build_demo_model(out_dir=tmp_path, first_stage=4, phrasings=True)
+    assert again["stages"][:3] == record["stages"] and again["stages"][3]["config"]["phrasings"]
+    assert again["stages"][3]["config"]["init_from"] == "stages/3/model"
+    assert json.loads((tmp_path / "model" / "training.json").read_text())["stages"] == again["stages"]
+    with pytest.raises(ValueError, match="records 4 stages; stage 4 continues a model of 3"):
+        build.build_demo_model(out_dir=tmp_path, first_stage=4, phrasings=True)
+
+
+def test_the_committed_kit_is_small_and_holds_no_path_of_the_machine_it_was_built_on() -> None:
+    files = [p for p in DEMO_DIR.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+    assert sum(p.stat().st_size for p in files) < 40 << 20
+
+    def paths(value) -> list[str]:
+        if isinstance(value, dict):
+            return [p for v in value.values() for p in paths(v)]
+        if isinstance(value, list):
+            return [p for v in value for p in paths(v)]
+        return [value] if isinstance(value, str) and value.startswith(("/", "~")) else []
+
+    found = {str(p.relative_to(DEMO_DIR)): paths(json.loads(p.read_text(encoding="utf-8")))
+             for p in files if p.suffix == ".json"}
+    assert not {name: hits for name, hits in found.items() if hits}

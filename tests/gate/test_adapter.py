@@ -66,6 +66,8 @@ def test_round_trip_gives_identical_probabilities(tiny: TinyModel, tmp_path: Pat
     saved = save_gate_adapter(before.gate_model, before.adapter.spec, tmp_path / "resaved", tiny.model_dir)
     after = HFReference(tiny.model_dir, saved.path)
     assert saved.spec == before.adapter.spec
+    recorded = json.loads((saved.path / "adapter_config.json").read_text())["base_model_name_or_path"]
+    assert not Path(recorded).is_absolute() and (saved.path / recorded).resolve() == tiny.model_dir.resolve()
     p_before, p_after = before.gate_probs(prompts), after.gate_probs(prompts)
     assert np.array_equal(p_before, p_after)
     assert np.allclose(p_before.sum(axis=1), 1.0)
