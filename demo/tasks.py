@@ -156,13 +156,13 @@ def synthetic_examples(kb: KnowledgeBase, questions: Sequence[Question], r: rand
 
 def training_examples(records: Sequence[dict], knowledge_bases: int, seed: int,
                       same_category: bool = False, wide_names: bool = False,
-                      phrasings: bool = False) -> list[LMExample]:
+                      phrasings: bool = False, exclude: frozenset[str] = frozenset()) -> list[LMExample]:
     """Real-retrieval examples from `records` plus `knowledge_bases` synthetic ones, shuffled.
 
     `wide_names`: the synthetic products' names take every shape `invented_stems(wide=True)` draws.
     `phrasings`: each synthetic knowledge base is also asked in the training phrasing families, with
     fresh out-of-scope messages (`phrased_questions(family_split="train")`); val and test families and
-    messages never appear.
+    messages never appear. Questions in `exclude` (the hand-typed test set) are never asked.
     """
     r = random.Random(seed)
     out = [e for record in records for e in from_record(record)]
@@ -173,7 +173,8 @@ def training_examples(records: Sequence[dict], knowledge_bases: int, seed: int,
         questions = [q for q in build_questions(kb, seed=i) if q.kind != "world"]
         if phrasings:  # out-of-scope messages are the same few in every knowledge base: a tenth of them each
             phrased = phrased_questions(kb, seed=seed * 1000 + i, family_split="train", per_fact=1, drawn=4)
-            questions += [q for q in phrased if not q.family.startswith("out-of-scope.") or r.random() < 0.1]
+            questions += [q for q in phrased if q.question not in exclude
+                          and (not q.family.startswith("out-of-scope.") or r.random() < 0.1)]
         out += synthetic_examples(kb, questions, r, same_category)
     r.shuffle(out)
     return out

@@ -199,8 +199,9 @@ def save_gate_adapter(model: Any, spec: GateSpec, out_dir: str | Path, base_dir:
     """Save a PEFT SEQ_CLS `model` with `spec` as a gate adapter; validated before it replaces `out_dir`.
 
     Nothing is left at `out_dir` if validation fails. PEFT records the base model's path as it was
-    loaded; the adapter records it relative to itself (`../model`), so that no path of the machine
-    it was trained on is kept (gatehead always names the base model when it loads an adapter).
+    loaded (config and model card); the adapter records it relative to itself (`../model`), so that
+    no path of the machine it was trained on is kept (gatehead always names the base model when it
+    loads an adapter).
     """
     with replace_dir(out_dir) as tmp:
         model.save_pretrained(tmp, safe_serialization=True)
@@ -208,6 +209,11 @@ def save_gate_adapter(model: Any, spec: GateSpec, out_dir: str | Path, base_dir:
         peft_config = json.loads(config_path.read_text())
         peft_config["base_model_name_or_path"] = os.path.relpath(Path(base_dir).resolve(), Path(out_dir).resolve())
         config_path.write_text(json.dumps(peft_config, indent=2, sort_keys=True) + "\n")
+        card = tmp / "README.md"  # PEFT's model card names the base model by the path it was loaded from
+        if card.exists():
+            base = peft_config["base_model_name_or_path"]
+            text = re.sub(r"^base_model: .*$", f"base_model: {base}", card.read_text(), flags=re.M)
+            card.write_text(re.sub(r"^- base_model:adapter:.*$", f"- base_model:adapter:{base}", text, flags=re.M))
         (tmp / GATE_JSON).write_text(json.dumps(spec.to_dict(), indent=2) + "\n")
         load_gate_adapter(tmp, base_dir)
     return load_gate_adapter(out_dir, base_dir)

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from gatehead.demo import phrasings
-from gatehead.demo.build import DATA_DIR, HANDWRITTEN, training_records
+from gatehead.demo.build import DATA_DIR, HANDWRITTEN, handwritten_texts, training_records
 from gatehead.demo.evaluate import evaluation_sets
 from gatehead.demo.kb import build_kb, invented_stems
 from gatehead.demo.questions import _ASK, _GENERIC, _POLICY_ASK, _UNKNOWN, handwritten_questions, phrased_questions
@@ -85,6 +85,16 @@ def test_the_labelled_phrased_splits_keep_families_and_entities_apart() -> None:
     assert {r["label"] for r in sets["phrased"]} == {"answer", "search", "refuse"}
     with pytest.raises(ValueError, match="split must be 'val' or 'test'"):
         evaluation_sets(DATA_DIR, "train")
+
+
+def test_the_hand_written_set_is_never_trained_on() -> None:
+    typed = handwritten_texts()
+    listed = {m for _, m in phrasings.out_of_scope("train")}
+    assert typed & listed, "no typed message equals a listed one: the filter below is untested"
+    for split in ("train", "val"):
+        assert not typed & {r["question"] for r in training_records(DATA_DIR, phrasings=True, split=split)}
+    examples = training_examples([], 1, seed=0, phrasings=True, exclude=typed)
+    assert not typed & {e.question for e in examples}
 
 
 def test_the_hand_written_set_is_checked_against_the_documents() -> None:

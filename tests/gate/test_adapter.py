@@ -68,6 +68,7 @@ def test_round_trip_gives_identical_probabilities(tiny: TinyModel, tmp_path: Pat
     assert saved.spec == before.adapter.spec
     recorded = json.loads((saved.path / "adapter_config.json").read_text())["base_model_name_or_path"]
     assert not Path(recorded).is_absolute() and (saved.path / recorded).resolve() == tiny.model_dir.resolve()
+    assert str(tiny.model_dir) not in (saved.path / "README.md").read_text()  # PEFT's model card
     p_before, p_after = before.gate_probs(prompts), after.gate_probs(prompts)
     assert np.array_equal(p_before, p_after)
     assert np.allclose(p_before.sum(axis=1), 1.0)

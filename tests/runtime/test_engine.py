@@ -127,7 +127,6 @@ def test_plugin_memory_is_itemised(shared_eager: SharedEngine, stock_eager: Shar
     assert memory["lora_and_head"] == lora + 3 * hidden * 4  # + the fp32 head
     assert memory["retained_rows_bound"] == shared_eager.max_gate_tokens * 2 * hidden * 2
     assert loop.run(stock_eager.plugin_memory()) == {}
-    assert shared_eager.kv_blocks == stock_eager.kv_blocks  # the same explicit KV size
     print(f"KV blocks: {shared_eager.kv_blocks}; plugin bytes {memory}")
 
 
