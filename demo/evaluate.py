@@ -14,7 +14,6 @@ languages, world questions) and, on test only, the questions typed by hand ("han
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -86,14 +85,12 @@ def evaluate(model_dir: str | Path, adapter_dir: str | Path, records: Sequence[d
 SETS = ("template", "phrased", "out_of_scope", "handwritten")
 
 
-def _read(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
 def evaluation_sets(data_dir: str | Path, split: str) -> dict[str, list[dict]]:
     """The labelled rows of each evaluation set of `split` ("val" or "test"); "handwritten" is test only."""
     if split not in ("val", "test"):
         raise ValueError(f"evaluation sets are held out: split must be 'val' or 'test', got {split!r}")
+    from gatehead.demo.build import _read_jsonl as _read
+
     data_dir = Path(data_dir)
     phrased = _read(data_dir / f"phrased-{split}.jsonl")
     sets = {"template": _read(data_dir / f"{split}.jsonl"),

@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import random
 
 import pytest
 
 from gatehead.demo import phrasings
 from gatehead.demo.build import DATA_DIR, HANDWRITTEN, handwritten_texts, training_records
+from gatehead.demo.build import _read_jsonl as read
 from gatehead.demo.evaluate import evaluation_sets
 from gatehead.demo.kb import build_kb, invented_stems
 from gatehead.demo.questions import _ASK, _GENERIC, _POLICY_ASK, _UNKNOWN, handwritten_questions, phrased_questions
 from gatehead.demo.tasks import training_examples
-
-
-def read(path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def test_every_attribute_has_twelve_families_and_two_of_each_group_are_held_out_per_split() -> None:
