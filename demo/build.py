@@ -175,12 +175,9 @@ def train_model(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, smoke: bool
     return report
 
 
-def demo_recipe(phrasings: bool = False) -> tuple[ModelSpec, tuple[LMConfig, ...], TrainConfig]:
-    """The committed model's recipe: its shape, four training stages (each continuing the one before)
-    and the gate's training. The README says what each stage changed and what it fixed.
-
-    With `phrasings`, a fifth stage on people's phrasings (`LMConfig(phrasings=True)`): the candidate
-    of stop 30, not yet the committed model (`train-model --phrasings --first-stage 5`)."""
+def demo_recipe() -> tuple[ModelSpec, tuple[LMConfig, ...], TrainConfig]:
+    """The committed model's recipe: its shape, five training stages (each continuing the one before)
+    and the gate's training. `docs/demo-model-history.md` says what each stage changed and what it fixed."""
     from gatehead.demo.train import LMConfig, ModelSpec
     from gatehead.gate.train import TrainConfig
 
@@ -197,27 +194,24 @@ def demo_recipe(phrasings: bool = False) -> tuple[ModelSpec, tuple[LMConfig, ...
         # 2-core CPU in bf16: 1,321 and 1,335 s of training).
         *(LMConfig(knowledge_bases=4, epochs=4, batch_size=32, learning_rate=3e-4, warmup_steps=49, max_steps=240,
                    same_category_negatives=True, wide_names=True, data_seed=seed, cpu_bf16=True) for seed in (11, 12)),
+        # People's phrasings: the phrased training split and 100 fresh knowledge bases asked in the
+        # training families, with out-of-scope messages (one H200: 345 s of training).
+        LMConfig(knowledge_bases=100, epochs=2, batch_size=256, learning_rate=5e-4, warmup_steps=150,
+                 max_steps=2400, same_category_negatives=True, wide_names=True, phrasings=True, data_seed=13),
     )
-    if phrasings:
-        stages += (
-            # People's phrasings: the phrased training split and fresh knowledge bases asked in the training
-            # families, with out-of-scope messages (one H200: 153 s of training).
-            LMConfig(knowledge_bases=60, epochs=1, batch_size=256, learning_rate=5e-4, warmup_steps=100,
-                     max_steps=1000, same_category_negatives=True, wide_names=True, phrasings=True, data_seed=13),
-        )
     gate = TrainConfig(epochs=3, patience=2, batch_size=16, learning_rate=1e-3, seed=SEED)
     return spec, stages, gate
 
 
 def build_demo_model(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, smoke: bool = False,
-                     first_stage: int = 1, phrasings: bool = False) -> dict:
+                     first_stage: int = 1) -> dict:
     """`demo_recipe()`'s stages into `out_dir/model`, the earlier ones into `out_dir/stages/<n>/model`.
 
     With `first_stage` > 1 the stages before it are taken as done: the run continues the model in
     `out_dir/model` (the committed one), and its `training.json` stage records are kept. The final
     `training.json` lists every stage's record under "stages" (its own is the last).
     """
-    spec, stages, _ = demo_recipe(phrasings)
+    spec, stages, _ = demo_recipe()
     if not 1 <= first_stage <= len(stages):
         raise ValueError(f"first_stage must be in 1..{len(stages)}, got {first_stage}")
     records: list[dict] = []
@@ -245,13 +239,14 @@ def build_demo_model(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, smoke:
 
 
 def train_gate_and_report(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, smoke: bool = False,
-                          config: TrainConfig | None = None, phrasings: bool = False) -> dict:
+                          config: TrainConfig | None = None, phrasings: bool = True) -> dict:
     """The gate adapter on the model in `out_dir/model`, calibrated on val; held-out figures on test.
 
-    `config` defaults to the committed gate's (`demo_recipe()`). With `phrasings` the gate also trains
-    on the phrased training split and chooses on the phrased validation split (out-of-scope included),
-    and the report gives the figures of every validation set (`gatehead.demo.evaluate.evaluate_sets`);
-    test's sets are read once, by the evaluate stage.
+    `config` defaults to the committed gate's (`demo_recipe()`). With `phrasings` (the committed gate's
+    training; off, the templated splits alone, as before stop 31) the gate also trains on the phrased
+    training split and chooses on the phrased validation split (out-of-scope included), and the report
+    gives the figures of every validation set (`gatehead.demo.evaluate.evaluate_sets`); test's sets are
+    read once, by the evaluate stage.
     """
     import torch
 
@@ -307,8 +302,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="a few steps on a few examples: checks the pipeline")
     parser.add_argument("--first-stage", type=int, default=1,
                         help="train-model: continue the committed model from this stage of demo_recipe()")
-    parser.add_argument("--phrasings", action="store_true",
-                        help="people's phrasings too: the fifth model stage; the gate on the phrased splits")
+    parser.add_argument("--templates-only", action="store_true",
+                        help="train-gate: on the templated splits alone (the gate before stop 31)")
     parser.add_argument("--split", choices=["val", "test"], default="val",
                         help="evaluate: the split whose evaluation sets are measured (choose on val)")
     parser.add_argument("--out", type=Path, help="evaluate: write the figures to this JSON file")
@@ -321,11 +316,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(json.dumps(label_all(build_kb(SEED)), indent=2))
     elif args.stage == "train-model":
-        report = build_demo_model(out_dir=args.out_dir, smoke=args.smoke, first_stage=args.first_stage,
-                                  phrasings=args.phrasings)
+        report = build_demo_model(out_dir=args.out_dir, smoke=args.smoke, first_stage=args.first_stage)
         print(json.dumps([{k: stage[k] for k in ("seconds", "examples", "steps")} for stage in report["stages"]]))
     elif args.stage == "train-gate":
-        report = train_gate_and_report(out_dir=args.out_dir, smoke=args.smoke, phrasings=args.phrasings)
+        report = train_gate_and_report(out_dir=args.out_dir, smoke=args.smoke, phrasings=not args.templates_only)
         print(json.dumps(report["test"], indent=2, ensure_ascii=False))
     else:
         print(json.dumps(evaluate_stage(args.split, args.out, args.device), indent=2, ensure_ascii=False))

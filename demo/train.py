@@ -68,10 +68,10 @@ class LMConfig:
     init_from: str | None = None
     data_seed: int = 0  # seed of the synthetic knowledge bases and of the examples' order
     # Synthetic negatives mostly of the question's product category, as real retrieval gives them
-    # (`gatehead.demo.tasks._context`). Off in the committed model; tried on (see the README).
+    # (`gatehead.demo.tasks._context`). On in the committed model's stages (docs/demo-model-history.md).
     same_category_negatives: bool = False
     # Synthetic product names of every initial shape held-out names have (`invented_stems(wide=True)`).
-    # Off in the committed model; on in the stop-21 candidate (see the README).
+    # On in the committed model's last three stages (docs/demo-model-history.md).
     wide_names: bool = False
     # On CPU, compute in bf16 under autocast as on CUDA (faster where the CPU has AMX); fp32 by default.
     cpu_bf16: bool = False

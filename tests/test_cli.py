@@ -107,8 +107,8 @@ def test_demo_runs_the_agent_over_scripted_questions(tmp_path: Path) -> None:
     assert "260 added" in result.stderr and (tmp_path / ".cache" / "qdrant").is_dir()
     assert (tmp_path / ".cache" / "threads.sqlite").is_file()
     turns = out.split("\n> ")[1:]
-    assert len(turns) == 5
-    strata, warranty, by_code, ghost, world = turns
+    assert len(turns) == 7
+    strata, warranty, by_code, ghost, world, typed, task = turns
     assert "gate:       answer" in strata and "answer:     €64 [1]" in strata
     assert "reused from the gate's prefill" in strata
     assert "standalone: What is the warranty of the Strata Headlamp?" in warranty and "2 years [1]" in warranty
@@ -116,8 +116,10 @@ def test_demo_runs_the_agent_over_scripted_questions(tmp_path: Path) -> None:
     assert by_code.count("gate:") == 2 and "answer:     €64 [1]" in by_code
     assert "gate:       refuse" in ghost and "decision:   refuse" in ghost
     assert "decision:   refuse" in world  # out of scope for this knowledge base
+    assert "gate:       answer" in typed and "answer:     920 g [1]" in typed  # a held-out phrasing family
+    assert "decision:   refuse" in task
     table = out[out.index("# | question"):]
-    assert "search > answer" in table and "decisions: answer 3, refuse 2" in table
+    assert "search > answer" in table and "decisions: answer 4, refuse 3" in table
 
 
 def test_chat_then_ask_continue_one_thread(tmp_path: Path) -> None:

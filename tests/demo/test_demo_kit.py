@@ -167,14 +167,17 @@ def test_the_demo_recipe_runs_its_stages_in_order(tmp_path: Path, monkeypatch: p
     from gatehead.demo.train import LMConfig, ModelSpec
 
     spec, stages, gate = build.demo_recipe()
-    assert len(stages) == 4 and stages[-1].wide_names and not any(s.init_from for s in stages)
+    assert len(stages) == 5 and stages[3].wide_names and stages[-1].phrasings and not any(s.init_from for s in stages)
     tiny = ModelSpec(num_layers=2, hidden_size=32, intermediate_size=64, num_heads=2, num_kv_heads=1, head_dim=16,
                      vocab_size=600, split_digits=True, tokenizer_corpus="real")
+
+    def recipe(steps: tuple[int, ...]):  # as the real one: a fourth stage (here of 1 step) is on phrasings
+        return lambda: (tiny, tuple(LMConfig(knowledge_bases=1, batch_size=8, max_steps=n, warmup_steps=1,
+                                             device="cpu", data_seed=i, wide_names=i >= 2, phrasings=i == 3)
+                                    for i, n in enumerate(steps)), gate)
+
     steps = (3, 2, 1)
-    # As the real recipe: with phrasings, one more stage (here of 1 step) after the others.
-    monkeypatch.setattr(build, "demo_recipe", lambda phrasings=False: (tiny, tuple(
-        LMConfig(knowledge_bases=1, batch_size=8, max_steps=n, warmup_steps=1, device="cpu", data_seed=i,
-                 wide_names=i >= 2, phrasings=i == 3) for i, n in enumerate(steps + (1,) * phrasings)), gate))
+    monkeypatch.setattr(build, "demo_recipe", recipe(steps))
     report = build.build_demo_model(out_dir=tmp_path)
     record = json.loads((tmp_path / "model" / "training.json").read_text())
     assert [s["steps"] for s in record["stages"]] == list(steps) == [s["steps"] for s in report["stages"]]
@@ -183,13 +186,14 @@ def test_the_demo_recipe_runs_its_stages_in_order(tmp_path: Path, monkeypatch: p
     tokenizers = {(d / "tokenizer.json").read_bytes() for d in
                   (tmp_path / "stages" / "1" / "model", tmp_path / "stages" / "2" / "model", tmp_path / "model")}
     assert len(tokenizers) == 1
-    # Continuing the built model with the phrasings stage keeps the earlier stages' records.
-    again = build.build_demo_model(out_dir=tmp_path, first_stage=4, phrasings=True)
+    # A recipe grown by a stage continues the built model and keeps the earlier stages' records.
+    monkeypatch.setattr(build, "demo_recipe", recipe(steps + (1,)))
+    again = build.build_demo_model(out_dir=tmp_path, first_stage=4)
     assert again["stages"][:3] == record["stages"] and again["stages"][3]["config"]["phrasings"]
     assert again["stages"][3]["config"]["init_from"] == "stages/3/model"
     assert json.loads((tmp_path / "model" / "training.json").read_text())["stages"] == again["stages"]
     with pytest.raises(ValueError, match="records 4 stages; stage 4 continues a model of 3"):
-        build.build_demo_model(out_dir=tmp_path, first_stage=4, phrasings=True)
+        build.build_demo_model(out_dir=tmp_path, first_stage=4)
 
 
 def test_the_committed_kit_is_small_and_holds_no_path_of_the_machine_it_was_built_on() -> None:

@@ -1,8 +1,9 @@
 """Fidelity on the trained demo model and gate, where decisions spread over all three classes and flips mean something.
 
-Same judging rules as `test_fidelity.py` (tiny random model), full size: 64 answer requests of 128
-tokens for stability, 256 gate requests mixed with generation for agreement. The requests are the
-demo's held-out questions with the documents the real retriever returned for them.
+Same judging rules as `test_fidelity.py` (tiny random model), full size: 32 answer requests of 64
+tokens mixed with 32 gate requests for stability, 128 gate requests mixed with 32 generations for
+agreement. The requests are the demo's held-out questions with the documents the real retriever
+returned for them.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ def built(engine: SharedEngine, examples, kind: str) -> list[tuple[int, ...]]:
 def test_demo_stability_with_gates_in_the_batches(demo_stock, demo_shared, held_out, loop) -> None:
     """The trained model's answers are bit-identical to stock vLLM's with gate requests in the same batches.
     (Without gates, and in compile mode, the tiny model checks the same: tests/runtime/test_fidelity*.py.)"""
-    answers = built(demo_shared, held_out[:64], "answer")
-    gates = built(demo_shared, held_out[64:128], "gate")
+    answers = built(demo_shared, held_out[:32], "answer")
+    gates = built(demo_shared, held_out[32:64], "gate")
     result = loop.run(check_stability(demo_stock, demo_shared, answers, 64, gates))
     print(f"demo mixed: {result}")
     assert result.passed, result
@@ -44,7 +45,7 @@ def test_demo_stability_with_gates_in_the_batches(demo_stock, demo_shared, held_
 def test_demo_gate_agreement(demo_shared, demo_gates, demo_references, held_out, loop, tmp_path) -> None:
     adapter = load_gate_adapter(ADAPTER_DIR, MODEL_DIR)
     gates = demo_gates
-    generations = built(demo_shared, held_out[256:288], "answer")
+    generations = built(demo_shared, held_out[128:160], "answer")
     shared = loop.run(shared_gate_probs(demo_shared, gates, generations))
     export = export_dedicated(MODEL_DIR, ADAPTER_DIR, tmp_path / "dedicated")
     dedicated = dedicated_gate_probs(export, gates, adapter.spec.labels, dtype="bfloat16", enforce_eager=True,

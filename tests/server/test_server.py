@@ -341,7 +341,7 @@ def test_schema_fuzzing_finds_no_server_errors(server: Server, workdir: Path) ->
     hooks = {"SCHEMATHESIS_HOOKS": "schemathesis_checks", "PYTHONPATH": str(Path(__file__).parent)}
     result = subprocess.run([str(Path(sys.executable).parent / "schemathesis"), "run", f"{server.url}/openapi.json",
                              "-H", f"Authorization: Bearer {KEY}", "--checks", "no_server_error_but_the_guards",
-                             "--mode", "all", "--max-examples", "8", "--seed", "1", "--generation-database", "none",
+                             "--mode", "all", "--max-examples", "5", "--seed", "1", "--generation-database", "none",
                              "--no-shrink"],
                             capture_output=True, text=True, timeout=600, cwd=workdir, env={**os.environ, **hooks})
     print(result.stdout[-3000:])
@@ -491,8 +491,8 @@ def test_chat_page_in_headless_chromium(server: Server) -> None:
             ask(page, "And its warranty?")  # the same thread: the follow-up refers back
             expect(page.locator(".turn.assistant").nth(1).locator(".bubble")).to_have_text("2 years [1]",
                                                                                           timeout=60_000)
-            # No such product. (After the two turns above the demo gate answers "the Mistral Tent": p(answer)
-            # 0.235 against refuse 0.694, over its answer threshold 0.18; asked first, it is refused.)
+            # No such product. (After the two turns above, the stop-21 demo gate answered "the Mistral Tent";
+            # the stop-31 model rewrites a new product's name in a thread: see the README's demo kit section.)
             ask(page, "How much does the Polaris Stove cost?")
             refusal = page.locator(".turn.assistant").nth(2)
             expect(refusal.locator(".badge")).to_have_text("refuse", timeout=60_000)
