@@ -62,11 +62,21 @@ def evaluate(model_dir: str | Path, adapter_dir: str | Path, records: Sequence[d
     answer_hits = [normalize(a) == normalize(r["answer"]) for a, (r, _) in zip(answers, answerable, strict=True)]
     rewrite_hits = [normalize(a) == normalize(r["rewrite"]) for a, (r, _) in zip(rewrites, searches, strict=True)]
     refusal_hits = [a.strip() == REFUSAL for a in refused]
-    kinds = sorted({r["kind"] for r in records})
-    by_kind = {kind: {"questions": sum(r["kind"] == kind for r in records),
-                      "gate_accuracy": sum(r["kind"] == kind and d == e.label
-                                           for r, e, d in zip(records, examples, decisions, strict=True))
-                      / sum(r["kind"] == kind for r in records)} for kind in kinds}
+    hits = {id(r): hit for (r, _), hit in zip(answerable, answer_hits, strict=True)}
+
+    def by(key: str) -> dict:
+        """Gate accuracy (and answer exact match where answerable) per value of the records' `key`."""
+        groups: dict[str, list] = {}
+        for r, e, d in zip(records, examples, decisions, strict=True):
+            groups.setdefault(r[key], []).append((r, d == e.label))
+        out = {}
+        for value, rows in sorted(groups.items()):
+            out[value] = {"questions": len(rows), "gate_accuracy": sum(ok for _, ok in rows) / len(rows)}
+            answered = [hits[id(r)] for r, _ in rows if id(r) in hits]
+            if answered:
+                out[value] |= {"answerable": len(answered), "answer_exact_match": sum(answered) / len(answered)}
+        return out
+
     misses = [{"question": r["question"], "gold": r["answer"], "reply": a}
               for a, (r, _), hit in zip(answers, answerable, answer_hits, strict=True) if not hit]
     return {
@@ -77,7 +87,9 @@ def evaluate(model_dir: str | Path, adapter_dir: str | Path, records: Sequence[d
         "answerable": len(answer_hits),
         "rewrite_exact_match": sum(rewrite_hits) / max(len(rewrite_hits), 1),
         "refusal_rate_on_refuse": sum(refusal_hits) / max(len(refusal_hits), 1),
-        "by_kind": by_kind,
+        "by_kind": {kind: {k: v for k, v in figures.items() if k in ("questions", "gate_accuracy")}
+                    for kind, figures in by("kind").items()},
+        **({"by_family": by("family")} if records and all(r.get("family") for r in records) else {}),
         "answer_misses": misses[:20],
     }
 
