@@ -87,7 +87,9 @@ DEFAULT_CANARIES = (
     Canary("gate-answerable", "gate", "How much does the Harbour Kettle hold?", (_KETTLE, _RETURNS)),
     Canary("gate-unrelated", "gate", "Who won the football world cup in 1998?", (_FERRY,)),
     Canary("gate-empty", "gate", "When does the first weekend ferry leave?", ()),
-    Canary("generation-kettle", "generation", "How much does the Harbour Kettle weigh?", (_KETTLE, _RETURNS, _FERRY)),
+    # (Asked "How much does the Harbour Kettle weigh?", the stop-31 demo model's first token led by 0.06 nats.)
+    Canary("generation-kettle", "generation", "How many litres does the Harbour Kettle hold?",
+           (_KETTLE, _RETURNS, _FERRY)),
     Canary("generation-ferry", "generation", "When does the last return ferry leave the island?", (_FERRY, _KETTLE)),
 )
 

@@ -105,11 +105,13 @@ def demo_stock():
 
 @pytest.fixture(scope="session")
 def demo_gates(demo_shared) -> list[tuple[int, ...]]:
-    """Gate prompts of the first 128 held-out demo questions (test, then val) with their retrieved documents
-    (`gatehead eval agreement` measures 256; 128 keep the suite within its time where bf16 is emulated)."""
+    """Gate prompts of the first 256 held-out demo questions (test, then val) with their retrieved documents.
+    Not fewer: the bf16 bounds are largest moves over the gates measured, and over the first 128 the
+    emulated-bf16 host's HF bf16 vs fp32 maximum (0.0053) was below the shared engine's distance from the
+    dedicated one (0.0088), which over 256 it is not on either CPU kind."""
     from gatehead.demo.build import held_out_examples
 
-    return [demo_shared.prompts.build(e.question, e.passages, e.conversation).gate for e in held_out_examples()[:128]]
+    return [demo_shared.prompts.build(e.question, e.passages, e.conversation).gate for e in held_out_examples()[:256]]
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """Fidelity on the trained demo model and gate, where decisions spread over all three classes and flips mean something.
 
 Same judging rules as `test_fidelity.py` (tiny random model), full size: 32 answer requests of 64
-tokens mixed with 32 gate requests for stability, 128 gate requests mixed with 32 generations for
+tokens mixed with 32 gate requests for stability, 256 gate requests mixed with 32 generations for
 agreement. The requests are the demo's held-out questions with the documents the real retriever
 returned for them.
 """
@@ -45,7 +45,7 @@ def test_demo_stability_with_gates_in_the_batches(demo_stock, demo_shared, held_
 def test_demo_gate_agreement(demo_shared, demo_gates, demo_references, held_out, loop, tmp_path) -> None:
     adapter = load_gate_adapter(ADAPTER_DIR, MODEL_DIR)
     gates = demo_gates
-    generations = built(demo_shared, held_out[128:160], "answer")
+    generations = built(demo_shared, held_out[256:288], "answer")
     shared = loop.run(shared_gate_probs(demo_shared, gates, generations))
     export = export_dedicated(MODEL_DIR, ADAPTER_DIR, tmp_path / "dedicated")
     dedicated = dedicated_gate_probs(export, gates, adapter.spec.labels, dtype="bfloat16", enforce_eager=True,
