@@ -26,8 +26,10 @@ $(VENV)/.installed: pyproject.toml
 browser:
 	@command -v chromium >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
 
+# Two workers: an engine computes on one core (see tests/conftest.py); TEST_WORKERS=0 runs serially.
+TEST_WORKERS ?= 2
 test: install browser
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(TEST_WORKERS)
 
 demo: install
 	$(BIN)/gatehead info

@@ -195,7 +195,8 @@ def _train_gate(args: argparse.Namespace) -> int:
     train, val = read_examples(args.train), read_examples(args.val)  # all input checked before training
     config = TrainConfig(k=args.k, rank=args.rank, alpha=args.alpha, learning_rate=args.lr, epochs=args.epochs,
                          batch_size=args.batch_size, patience=args.patience, seed=args.seed,
-                         max_context=args.max_context, device=args.device)
+                         max_context=args.max_context, device=args.device, activation=args.activation,
+                         suffix_length=args.suffix_length)
     result = train_gate(args.model or model_locations()["model"], train, val, args.out, config)
     best = result.epochs[result.best_epoch]
     print(f"wrote {result.adapter.path} (epoch {result.best_epoch}: val loss {best.val_loss:.4f}, "
@@ -616,6 +617,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, type=Path, help="adapter directory to write")
     p.add_argument("--model", help="base model directory (default: GATEHEAD_MODEL, else the demo model)")
     p.add_argument("--k", type=int, default=4, help="layers the gate does not share with the base")
+    p.add_argument("--activation", choices=["prompt", "suffix"], default="prompt",
+                   help="prompt: LoRA on every row of the gate prompt; suffix: on the invocation suffix's rows only "
+                        "(an activated gate, which reads the prefix cache)")
+    p.add_argument("--suffix-length", type=int, default=1,
+                   help="suffix mode: reserved tokens in the invocation suffix (the rows the LoRA adapts)")
     p.add_argument("--rank", type=int, default=8)
     p.add_argument("--alpha", type=float, default=16.0)
     p.add_argument("--lr", type=float, default=5e-4)

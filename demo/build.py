@@ -239,8 +239,13 @@ def build_demo_model(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, smoke:
 
 
 def train_gate_and_report(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, smoke: bool = False,
-                          config: TrainConfig | None = None, phrasings: bool = True) -> dict:
+                          config: TrainConfig | None = None, phrasings: bool = True, adapter_name: str = "adapter",
+                          read_test: bool = True, answers: bool = True) -> dict:
     """The gate adapter on the model in `out_dir/model`, calibrated on val; held-out figures on test.
+
+    The adapter goes to `out_dir/<adapter_name>` and the report to `out_dir/report.json` (for another
+    name, `report-<adapter_name>.json`). `read_test=False` leaves the test split unread, for candidates
+    chosen between on validation. `answers=False` measures the gate alone (no replies generated).
 
     `config` defaults to the committed gate's (`demo_recipe()`). With `phrasings` (the committed gate's
     training; off, the templated splits alone, as before stop 31) the gate also trains on the phrased
@@ -262,7 +267,7 @@ def train_gate_and_report(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, s
     records = {split: training_records(data_dir, phrasings, split)[:40 if smoke else None]
                for split in ("train", "val")}
     records["test"] = _read_jsonl(data_dir / "test.jsonl")[:40 if smoke else None]
-    model_dir, adapter_dir = out_dir / "model", out_dir / "adapter"
+    model_dir, adapter_dir = out_dir / "model", out_dir / adapter_name
 
     def gate_examples(rows: list[dict], name: str):
         # A search question, once rewritten and retrieved again, is an answerable one.
@@ -277,9 +282,11 @@ def train_gate_and_report(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, s
     calibration = calibrate(model_dir, adapter_dir, [parse_example(r, f"val:{i}") for i, r in
                                                      enumerate(records["val"], 1)], answer_precision=0.95,
                             max_context=window)
-    figures = evaluate(model_dir, adapter_dir, records["test"], device=device, max_context=window)
+    figures = (evaluate(model_dir, adapter_dir, records["test"], device=device, max_context=window, answers=answers)
+               if read_test else None)
     # The evaluation sets of val, to choose by; test's are read once, by the evaluate stage.
-    val_sets = {} if smoke or not phrasings else evaluate_sets(model_dir, adapter_dir, data_dir, "val", device, window)
+    val_sets = {} if smoke or not phrasings else evaluate_sets(model_dir, adapter_dir, data_dir, "val", device, window,
+                                                               answers=answers)
     report = {
         "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
         "language_model": json.loads((model_dir / "training.json").read_text()),
@@ -287,11 +294,12 @@ def train_gate_and_report(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, s
                           "config": asdict(replace(config, progress=False)), "phrasings": phrasings,
                           "val_accuracy": [e.val.accuracy for e in result.epochs]},
         "calibration": calibration.to_dict(),
-        "test": figures,
+        **({"test": figures} if figures is not None else {}),
         **({"val_sets": val_sets} if val_sets else {}),
     }
     report["language_model"].pop("log")
-    (out_dir / "report.json").write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
+    name = "report.json" if adapter_name == "adapter" else f"report-{adapter_name}.json"
+    (out_dir / name).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     return report
 
 
@@ -307,6 +315,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--split", choices=["val", "test"], default="val",
                         help="evaluate: the split whose evaluation sets are measured (choose on val)")
     parser.add_argument("--out", type=Path, help="evaluate: write the figures to this JSON file")
+    parser.add_argument("--adapter", default="adapter",
+                        help="train-gate, evaluate: the adapter's directory name under --out-dir (demo/)")
+    parser.add_argument("--activation", choices=["prompt", "suffix"], default="prompt",
+                        help="train-gate: prompt mode (the committed recipe) or an activated gate")
+    parser.add_argument("--k", type=int, help="train-gate: layers the gate adapts (default: the recipe's)")
+    parser.add_argument("--rank", type=int, help="train-gate: LoRA rank (default: the recipe's)")
+    parser.add_argument("--suffix-length", type=int, default=1, help="train-gate, suffix mode: invocation tokens")
+    parser.add_argument("--gate-only", action="store_true",
+                        help="train-gate, evaluate: the gate's figures alone (no replies generated)")
+    parser.add_argument("--val-only", action="store_true",
+                        help="train-gate: leave the test split unread (a candidate chosen on validation)")
     parser.add_argument("--device", default=None, help="evaluate: cuda or cpu (default: cuda if present)")
     args = parser.parse_args(argv)
     if args.stage == "generate":
@@ -319,14 +338,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         report = build_demo_model(out_dir=args.out_dir, smoke=args.smoke, first_stage=args.first_stage)
         print(json.dumps([{k: stage[k] for k in ("seconds", "examples", "steps")} for stage in report["stages"]]))
     elif args.stage == "train-gate":
-        report = train_gate_and_report(out_dir=args.out_dir, smoke=args.smoke, phrasings=not args.templates_only)
-        print(json.dumps(report["test"], indent=2, ensure_ascii=False))
+        config = demo_recipe()[2]
+        config = replace(config, activation=args.activation, suffix_length=args.suffix_length,
+                         k=args.k or config.k, rank=args.rank or config.rank)
+        if args.rank:
+            config = replace(config, alpha=2.0 * args.rank)  # the recipe's alpha/rank ratio
+        report = train_gate_and_report(out_dir=args.out_dir, smoke=args.smoke, phrasings=not args.templates_only,
+                                       config=config, adapter_name=args.adapter, read_test=not args.val_only,
+                                       answers=not args.gate_only)
+        print(json.dumps(report.get("test") or report.get("val_sets"), indent=2, ensure_ascii=False))
     else:
-        print(json.dumps(evaluate_stage(args.split, args.out, args.device), indent=2, ensure_ascii=False))
+        print(json.dumps(evaluate_stage(args.split, args.out, args.device, args.out_dir / args.adapter,
+                                        answers=not args.gate_only), indent=2, ensure_ascii=False))
     return 0
 
 
-def evaluate_stage(split: str, out: Path | None = None, device: str | None = None) -> dict:
+def evaluate_stage(split: str, out: Path | None = None, device: str | None = None,
+                   adapter_dir: Path = ADAPTER_DIR, answers: bool = True) -> dict:
     """The evaluate stage: every evaluation set of `split` on the committed model and gate, with what
     identifies them (file hashes); written to `out` when given."""
     import hashlib
@@ -337,9 +365,11 @@ def evaluate_stage(split: str, out: Path | None = None, device: str | None = Non
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     started = time.time()
-    figures = evaluate_sets(MODEL_DIR, ADAPTER_DIR, DATA_DIR, split, device)
-    weights = sorted(MODEL_DIR.glob("*.safetensors")) + [ADAPTER_DIR / "adapter_model.safetensors"]
-    result = {"command": f"python -m gatehead.demo.build evaluate --split {split}", "split": split,
+    figures = evaluate_sets(MODEL_DIR, adapter_dir, DATA_DIR, split, device, answers=answers)
+    weights = sorted(MODEL_DIR.glob("*.safetensors")) + [adapter_dir / "adapter_model.safetensors"]
+    named = ("" if adapter_dir.name == "adapter" else f" --adapter {adapter_dir.name}") + \
+        ("" if answers else " --gate-only")
+    result = {"command": f"python -m gatehead.demo.build evaluate --split {split}{named}", "split": split,
               "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
               "seconds": round(time.time() - started, 1),
               "weights_sha256": {str(p.relative_to(DEMO_DIR)): hashlib.sha256(p.read_bytes()).hexdigest()[:16]

@@ -36,8 +36,10 @@ def _replies(reference, builder: PromptBuilder, items: Sequence[tuple[str, Seque
 
 
 def evaluate(model_dir: str | Path, adapter_dir: str | Path, records: Sequence[dict], device: str = "cpu",
-             max_context: int = 2048) -> dict:
-    """Figures for `records` (rows written by `gatehead.demo.label`); see the module docstring."""
+             max_context: int = 2048, answers: bool = True) -> dict:
+    """Figures for `records` (rows written by `gatehead.demo.label`); see the module docstring.
+    `answers=False`: the gate's figures alone (the model's replies, which the gate does not change, are
+    not generated)."""
     from gatehead.runtime.reference import HFReference
 
     reference = HFReference(model_dir, adapter_dir, dtype="float32", device=device)
@@ -48,6 +50,9 @@ def evaluate(model_dir: str | Path, adapter_dir: str | Path, records: Sequence[d
     probs = reference.gate_probs([gate_builder.build(e.question, e.passages).gate for e in examples])
     decisions = decide_all(probs.tolist(), adapter.spec.thresholds)
     gate = classification_metrics([LABELS.index(e.label) for e in examples], [LABELS.index(d) for d in decisions])
+    if not answers:
+        return {"questions": len(records), "gate": asdict(gate),
+                "decision_mix": {label: decisions.count(label) for label in LABELS}}
 
     answer_builder = PromptBuilder(reference.tokenizer, adapter.spec.suffix,
                                    PromptConfig(max_context=max_context, system=ANSWER_SYSTEM))
@@ -114,11 +119,12 @@ def evaluation_sets(data_dir: str | Path, split: str) -> dict[str, list[dict]]:
 
 
 def evaluate_sets(model_dir: str | Path, adapter_dir: str | Path, data_dir: str | Path, split: str,
-                  device: str = "cpu", max_context: int = 2048, sets: Sequence[str] = SETS) -> dict:
+                  device: str = "cpu", max_context: int = 2048, sets: Sequence[str] = SETS,
+                  answers: bool = True) -> dict:
     """`evaluate` on each evaluation set of `split` named in `sets` (see the module docstring)."""
     unknown = set(sets) - set(SETS)
     if unknown:
         raise ValueError(f"unknown evaluation sets {sorted(unknown)}; choose from {list(SETS)}")
     rows = evaluation_sets(data_dir, split)
-    return {name: evaluate(model_dir, adapter_dir, rows[name], device=device, max_context=max_context)
-            for name in sets if name in rows}
+    return {name: evaluate(model_dir, adapter_dir, rows[name], device=device, max_context=max_context,
+                           answers=answers) for name in sets if name in rows}

@@ -5,7 +5,10 @@ Layout of an adapter directory:
   LoRA with `layers_to_transform` inside `[N-k, N)`, `modules_to_save=["score"]` (the 3-way head,
   `Linear(hidden, 3, bias=False)` on the final-normed last token, as HF's `*ForSequenceClassification`);
 - `gate.json`: label order, default thresholds, the invocation suffix, the three reserved action
-  tokens, `k`, and the base model's identity.
+  tokens, `k`, the base model's identity, and the activation: `"prompt"` (LoRA on every row of the
+  gate prompt; the default when the field is absent) or `"suffix"` (LoRA on the invocation suffix's
+  rows only: PEFT's activated LoRA, `alora_invocation_tokens` = the suffix's token ids, so every
+  earlier row is the base model's at every layer and a gate request can read the prefix cache).
 
 Loading validates all of it against a base model directory and names the fix for each problem.
 This module does not run models; `gatehead.runtime` does.
@@ -18,7 +21,8 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+import warnings
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +35,7 @@ GATE_JSON = "gate.json"
 FORMAT_VERSION = 1
 DEFAULT_K = 4
 DEFAULT_SUFFIX = "<|gate|>"
+ACTIVATIONS = ("prompt", "suffix")
 DEFAULT_ACTION_TOKENS = ("<|gate_answer|>", "<|gate_refuse|>", "<|gate_search|>")
 DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -74,6 +79,7 @@ class GateSpec:
     thresholds: Thresholds = field(default_factory=Thresholds)
     suffix: str = DEFAULT_SUFFIX
     action_tokens: tuple[str, ...] = DEFAULT_ACTION_TOKENS
+    activation: str = "prompt"  # one of ACTIVATIONS
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -82,6 +88,7 @@ class GateSpec:
             "thresholds": self.thresholds.to_dict(),
             "suffix": self.suffix,
             "action_tokens": list(self.action_tokens),
+            "activation": self.activation,
             "k": self.k,
             "base": {
                 "architecture": self.base.architecture,
@@ -107,9 +114,13 @@ class GateSpec:
                 raise AdapterError(f"{where}: {e}; thresholds are probabilities, set them in [0, 1]") from e
             base = BaseIdentity(**data["base"])
             spec = cls(k=int(data["k"]), base=base, labels=labels, thresholds=thresholds,
-                       suffix=str(data["suffix"]), action_tokens=tuple(data["action_tokens"]))
+                       suffix=str(data["suffix"]), action_tokens=tuple(data["action_tokens"]),
+                       activation=data.get("activation", "prompt"))
         except KeyError as e:
             raise AdapterError(f"{where}: missing field {e}") from e
+        if spec.activation not in ACTIVATIONS:
+            raise AdapterError(f"{where}: activation {spec.activation!r} is not one of {list(ACTIVATIONS)}: "
+                               f"'prompt' adapts every row of the gate prompt, 'suffix' only the invocation suffix")
         if len(spec.action_tokens) != 3 or len(set(spec.action_tokens)) != 3:
             raise AdapterError(f"{where}: action_tokens must be three distinct reserved tokens, "
                                f"got {list(spec.action_tokens)}")
@@ -130,6 +141,12 @@ class GateAdapter:
     target_modules: tuple[str, ...]
     layers: tuple[int, ...]  # the layers LoRA touches, all >= branch_layer
     rslora: bool = False
+    invocation_tokens: tuple[int, ...] | None = None  # suffix mode: the suffix's token ids (PEFT's aLoRA field)
+
+    @property
+    def suffix_mode(self) -> bool:
+        """LoRA on the invocation suffix's rows only (`activation: "suffix"`)."""
+        return self.spec.activation == "suffix"
 
     @property
     def branch_layer(self) -> int:
@@ -143,23 +160,52 @@ class GateAdapter:
 
 
 def lora_config(num_layers: int, k: int = DEFAULT_K, rank: int = 8, alpha: float = 16.0,
-                target_modules: tuple[str, ...] = DEFAULT_TARGET_MODULES, dropout: float = 0.0):
-    """The PEFT `LoraConfig` of a gate adapter on the last `k` of `num_layers` layers."""
+                target_modules: tuple[str, ...] = DEFAULT_TARGET_MODULES, dropout: float = 0.0,
+                invocation_tokens: Sequence[int] | None = None):
+    """The PEFT `LoraConfig` of a gate adapter on the last `k` of `num_layers` layers.
+
+    `invocation_tokens` (the suffix's token ids) makes it a suffix-mode adapter: PEFT's activated LoRA,
+    which adapts a row only from the last occurrence of those tokens on. PEFT documents aLoRA for causal
+    LMs and warns for other tasks; on a SEQ_CLS model it masks the same Linear layers, and the caller
+    passes the offsets (`alora_offsets`), as `gatehead.gate.train` and the HF reference do.
+    """
     from peft import LoraConfig, TaskType
 
     if not 1 <= k < num_layers:
         raise ValueError(f"k={k} must be in [1, {num_layers - 1}] for a {num_layers}-layer model")
-    return LoraConfig(
-        task_type=TaskType.SEQ_CLS,
-        r=rank,
-        lora_alpha=alpha,
-        lora_dropout=dropout,
-        target_modules=list(target_modules),
-        layers_to_transform=list(range(num_layers - k, num_layers)),
-        layers_pattern="layers",
-        modules_to_save=["score"],
-        bias="none",
-    )
+    if invocation_tokens is not None and not invocation_tokens:
+        raise ValueError("a suffix-mode adapter needs at least one invocation token")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*aLoRA.*")
+        return LoraConfig(
+            task_type=TaskType.SEQ_CLS,
+            r=rank,
+            lora_alpha=alpha,
+            lora_dropout=dropout,
+            target_modules=list(target_modules),
+            layers_to_transform=list(range(num_layers - k, num_layers)),
+            layers_pattern="layers",
+            modules_to_save=["score"],
+            bias="none",
+            alora_invocation_tokens=None if invocation_tokens is None else [int(t) for t in invocation_tokens],
+        )
+
+
+def alora_offsets(prompts: Sequence[Sequence[int]], invocation_tokens: Sequence[int], length: int) -> list[int]:
+    """PEFT's `alora_offsets` for gate prompts that end with `invocation_tokens`, right-padded to `length`.
+
+    An offset counts back from the padded end to the first invocation token: LoRA adapts that row and
+    every later one (the padding after a short prompt is adapted too, and masked out by attention and
+    pooling). A prompt that does not end with the invocation tokens is an error, never a silent base row.
+    """
+    invocation = tuple(invocation_tokens)
+    offsets = []
+    for prompt in prompts:
+        if tuple(prompt[len(prompt) - len(invocation):]) != invocation:
+            raise ValueError(f"a suffix-mode gate prompt must end with the invocation tokens {list(invocation)}; "
+                             f"this one ends with {list(prompt[-len(invocation):])}")
+        offsets.append(length - (len(prompt) - len(invocation)))
+    return offsets
 
 
 def load_gate_adapter(adapter_dir: str | Path, base_dir: str | Path, check_tokens: bool = True) -> GateAdapter:
@@ -181,9 +227,10 @@ def load_gate_adapter(adapter_dir: str | Path, base_dir: str | Path, check_token
     _check_base(spec, BaseIdentity.of_model(base_dir), base_dir)
     peft_config = json.loads((adapter_dir / "adapter_config.json").read_text())
     layers = _check_lora(peft_config, adapter_dir, spec)
+    invocation = _check_activation(peft_config, adapter_dir, spec)
     _check_head(adapter_dir, spec.base.hidden_size)
     if check_tokens:
-        _check_tokens(spec, base_dir)
+        _check_tokens(spec, base_dir, invocation)
     return GateAdapter(
         path=adapter_dir,
         spec=spec,
@@ -192,6 +239,7 @@ def load_gate_adapter(adapter_dir: str | Path, base_dir: str | Path, check_token
         rslora=bool(peft_config.get("use_rslora")),
         target_modules=tuple(sorted(peft_config["target_modules"])),
         layers=layers,
+        invocation_tokens=invocation,
     )
 
 
@@ -296,6 +344,24 @@ def _check_lora(peft_config: dict[str, Any], adapter_dir: Path, spec: GateSpec) 
     return tuple(sorted(touched))
 
 
+def _check_activation(peft_config: dict[str, Any], adapter_dir: Path, spec: GateSpec) -> tuple[int, ...] | None:
+    where = adapter_dir / "adapter_config.json"
+    invocation = peft_config.get("alora_invocation_tokens")
+    if spec.activation == "prompt" and invocation:
+        raise AdapterError(f"{where} sets alora_invocation_tokens (LoRA only from the invocation suffix on), but "
+                           f"{GATE_JSON} says activation 'prompt': set \"activation\": \"suffix\" in {GATE_JSON}, "
+                           f"or retrain without alora_invocation_tokens")
+    if spec.activation == "suffix":
+        if not invocation:
+            raise AdapterError(f"{GATE_JSON} says activation 'suffix', but {where} has no alora_invocation_tokens: "
+                               f"set them to the token ids of the suffix {spec.suffix!r} (as gatehead.gate.adapter."
+                               f"lora_config does), or set \"activation\": \"prompt\"")
+        if not isinstance(invocation, list) or not all(isinstance(t, int) and t >= 0 for t in invocation):
+            raise AdapterError(f"{where}: alora_invocation_tokens must be a list of token ids, got {invocation!r}")
+        return tuple(invocation)
+    return None
+
+
 def _check_head(adapter_dir: Path, hidden_size: int) -> None:
     heads = {h.name: h for h in read_headers(adapter_dir / ADAPTER_WEIGHTS) if ".score." in f".{h.name}"}
     weights = [h for name, h in heads.items() if name.endswith("score.weight")]
@@ -310,16 +376,26 @@ def _check_head(adapter_dir: Path, hidden_size: int) -> None:
                            f"expected [3, {hidden_size}] (three labels x the base's hidden size)")
 
 
-def _check_tokens(spec: GateSpec, base_dir: Path) -> None:
+def _check_tokens(spec: GateSpec, base_dir: Path, invocation: tuple[int, ...] | None = None) -> None:
     from transformers import AutoTokenizer
 
     from gatehead.gate.prompt import reserved_token_id
 
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     suffix_ids = tokenizer.encode(spec.suffix, add_special_tokens=False)
-    if not suffix_ids or suffix_ids[-1] not in set(tokenizer.all_special_ids):
+    special = set(tokenizer.all_special_ids)
+    if not suffix_ids or suffix_ids[-1] not in special:
         raise AdapterError(f"gate.json: the invocation suffix {spec.suffix!r} must end with a reserved "
                            f"special token of the base tokenizer, so untrusted text can never produce it")
+    if spec.activation == "suffix":
+        if any(t not in special for t in suffix_ids):
+            raise AdapterError(f"gate.json: a suffix-mode invocation suffix is the rows the LoRA adapts, so every "
+                               f"token of it must be a reserved special token; {spec.suffix!r} encodes to "
+                               f"{suffix_ids}, of which {[t for t in suffix_ids if t not in special]} are not")
+        if invocation is not None and tuple(suffix_ids) != invocation:
+            raise AdapterError(f"adapter_config.json: alora_invocation_tokens {list(invocation)} are not the token ids "
+                               f"of the suffix {spec.suffix!r} ({suffix_ids}) under this base's tokenizer: "
+                               f"retrain the adapter with this tokenizer")
     vocab = json.loads((base_dir / "config.json").read_text())
     vocab_size = vocab.get("text_config", vocab)["vocab_size"]
     for token in spec.action_tokens:

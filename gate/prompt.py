@@ -154,7 +154,7 @@ class PromptBuilder:
             passages=tuple(passages[i] for i in kept),
             dropped=Dropped(tuple(sorted(dropped_turns)), tuple(sorted(dropped_passages))),
         )
-        assert prompt.gate.count(self.suffix_ids[-1]) == 1, "the suffix token leaked into P"
+        assert self.suffix_ids[-1] not in prefix_t, "the suffix token leaked into P"
         return prompt
 
     def chat(self, messages: Sequence[tuple[str, str]]) -> list[int]:

@@ -1,10 +1,13 @@
 """Gate training: LoRA on the last k layers plus the 3-way head, on labelled (question, documents) pairs.
 
 Prompts are laid out exactly as the engine lays them out (`gatehead.gate.prompt`), so the adapter
-sees at serving time what it saw in training. Classes are weighted by inverse frequency; the epoch
-with the best validation loss is kept, and training stops after `patience` epochs without a better
-one. Everything random is seeded. The result is written in the adapter format, validated, and only
-then moved into place. This module trains; `gatehead.gate.calibrate` sets thresholds afterwards.
+sees at serving time what it saw in training. `activation="suffix"` trains a suffix-mode (activated)
+gate: the LoRA adapts only the rows of an invocation suffix of `suffix_length` reserved tokens, and every
+earlier row is the base model's (PEFT's aLoRA, offsets passed per batch row). Classes are weighted by
+inverse frequency; the epoch with the best validation loss is kept, and training stops after
+`patience` epochs without a better one. Everything random is seeded. The result is written in the
+adapter format, validated, and only then moved into place. This module
+trains; `gatehead.gate.calibrate` sets thresholds afterwards.
 """
 
 from __future__ import annotations
@@ -17,7 +20,17 @@ from pathlib import Path
 
 import numpy as np
 
-from gatehead.gate.adapter import DEFAULT_K, BaseIdentity, GateAdapter, GateSpec, lora_config, save_gate_adapter
+from gatehead.gate.adapter import (
+    ACTIVATIONS,
+    DEFAULT_K,
+    DEFAULT_SUFFIX,
+    BaseIdentity,
+    GateAdapter,
+    GateSpec,
+    alora_offsets,
+    lora_config,
+    save_gate_adapter,
+)
 from gatehead.gate.data import Example, gate_prompts
 from gatehead.gate.metrics import ClassMetrics, classification_metrics
 from gatehead.gate.policy import LABELS
@@ -30,6 +43,8 @@ class TrainConfig:
 
     k: int = DEFAULT_K
     rank: int = 8
+    activation: str = "prompt"  # or "suffix": LoRA on the invocation suffix's rows only
+    suffix_length: int = 1  # reserved tokens in the invocation suffix (the suffix token, repeated)
     alpha: float = 16.0
     learning_rate: float = 5e-4
     epochs: int = 10
@@ -78,15 +93,23 @@ def train_gate(model_dir: str | Path, train: Sequence[Example], val: Sequence[Ex
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     hf_config = AutoConfig.from_pretrained(model_dir)
     window = config.max_context or min(int(hf_config.max_position_embeddings), 4096)
-    spec = GateSpec(k=config.k, base=BaseIdentity.of_model(model_dir))
+    if config.activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {list(ACTIVATIONS)}, got {config.activation!r}")
+    if config.suffix_length < 1 or (config.activation == "prompt" and config.suffix_length != 1):
+        raise ValueError(f"suffix_length={config.suffix_length}: a suffix-mode gate takes >= 1 suffix tokens, "
+                         f"a prompt-mode gate exactly 1")
+    spec = GateSpec(k=config.k, base=BaseIdentity.of_model(model_dir), suffix=DEFAULT_SUFFIX * config.suffix_length,
+                    activation=config.activation)
     builder = PromptBuilder(tokenizer, spec.suffix, PromptConfig(max_context=window, answer_tokens=1))
+    invocation = builder.suffix_ids if config.activation == "suffix" else None
     train_x, val_x = gate_prompts(train, builder), gate_prompts(val, builder)
     train_y = [LABELS.index(e.label) for e in train]
     val_y = [LABELS.index(e.label) for e in val]
 
     base = load_classifier(model_dir)
     base.config.pad_token_id = tokenizer.pad_token_id
-    model = get_peft_model(base, lora_config(int(hf_config.num_hidden_layers), config.k, config.rank, config.alpha))
+    model = get_peft_model(base, lora_config(int(hf_config.num_hidden_layers), config.k, config.rank, config.alpha,
+                                             invocation_tokens=invocation))
     model.to(device)
     counts = np.bincount(train_y, minlength=len(LABELS)).astype(np.float64)
     weights = torch.tensor(counts.sum() / (len(LABELS) * np.maximum(counts, 1)), dtype=torch.float32, device=device)
@@ -106,14 +129,17 @@ def train_gate(model_dir: str | Path, train: Sequence[Example], val: Sequence[Ex
             for row, j in enumerate(idx):  # right padding: HF pools the last non-pad token
                 ids[row, : len(xs[j])] = torch.tensor(xs[j])
                 mask[row, : len(xs[j])] = 1
-            yield ids.to(device), mask.to(device), torch.tensor([ys[j] for j in idx], device=device)
+            inputs = {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
+            if invocation is not None:
+                inputs["alora_offsets"] = alora_offsets([xs[j] for j in idx], invocation, length)
+            yield inputs, torch.tensor([ys[j] for j in idx], device=device)
 
     def evaluate() -> tuple[float, np.ndarray]:
         model.eval()
         total, probs = 0.0, []
         with torch.no_grad():
-            for ids, mask, y in batches(val_x, val_y, shuffle=False):
-                logits = model(input_ids=ids, attention_mask=mask).logits.float()
+            for inputs, y in batches(val_x, val_y, shuffle=False):
+                logits = model(**inputs).logits.float()
                 total += loss_fn(logits, y).item() * len(y)
                 probs.append(logits.softmax(-1).cpu().numpy())
         return total / len(val_y), np.concatenate(probs)
@@ -125,9 +151,9 @@ def train_gate(model_dir: str | Path, train: Sequence[Example], val: Sequence[Ex
         model.train()
         total = 0.0
         steps = batches(train_x, train_y, shuffle=True)
-        for ids, mask, y in tqdm(steps, total=-(-len(train_x) // config.batch_size), desc=f"epoch {epoch}",
-                                 disable=not config.progress, leave=False):
-            loss = loss_fn(model(input_ids=ids, attention_mask=mask).logits.float(), y)
+        for inputs, y in tqdm(steps, total=-(-len(train_x) // config.batch_size), desc=f"epoch {epoch}",
+                              disable=not config.progress, leave=False):
+            loss = loss_fn(model(**inputs).logits.float(), y)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()

@@ -28,6 +28,10 @@ def export_dedicated(model_dir: str | Path, adapter_dir: str | Path, out_dir: st
 
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     adapter = load_gate_adapter(adapter_dir, model_dir)
+    if adapter.suffix_mode:
+        raise ValueError(f"{adapter_dir} is a suffix-mode (activated) gate: its LoRA adapts the suffix rows only, "
+                         f"which no merged classifier can hold, and stock vLLM refuses activated LoRA; a "
+                         f"dedicated engine exists for prompt-mode gates only")
     if adapter.spec.base.architecture not in CLASSIFIER_ARCHITECTURES:
         raise ValueError(f"no dedicated classifier for {adapter.spec.base.architecture}; "
                          f"supported: {sorted(CLASSIFIER_ARCHITECTURES)}")

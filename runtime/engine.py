@@ -103,6 +103,10 @@ class SharedEngine:
         overrides: dict[str, Any] = {}
         if config.adapter is not None:
             self.adapter = load_gate_adapter(config.adapter, model_dir)
+            if self.adapter.suffix_mode:
+                raise ValueError(f"{config.adapter} is a suffix-mode (activated) gate adapter; this engine serves "
+                                 f"prompt-mode gates only so far (its HF reference, gatehead.runtime.reference, "
+                                 f"computes suffix mode): pass a prompt-mode adapter")
             arch = self.adapter.spec.base.architecture
             _refuse_unsupported(config.extra)
             if arch not in GATED_ARCHITECTURES:

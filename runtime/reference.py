@@ -2,21 +2,23 @@
 
 Generation: the base model as `AutoModelForCausalLM`, greedy, one prompt at a time (no padding, so
 nothing but the model's own arithmetic decides a token). Gate: `AutoModelForSequenceClassification`
-+ `PeftModel` with the adapter unmerged, the head on the last token; or, with `merged=True`, the gate as
-the dedicated gate engine holds it (`gatehead.runtime.dedicated`: LoRA merged in fp32, the merged weights
-in `dtype`, the head in fp32). Either in fp32 or bf16, on CPU or CUDA. It is slow by design and is not a
-serving path.
++ `PeftModel` with the adapter unmerged, the head on the last token (a suffix-mode adapter is PEFT's
+activated LoRA: the offset of its invocation suffix is passed, so only the suffix rows are adapted);
+or, with `merged=True` (prompt mode only), the gate as the dedicated gate engine holds it
+(`gatehead.runtime.dedicated`: LoRA merged in fp32, the merged weights in `dtype`, the head in fp32).
+Either in fp32 or bf16, on CPU or CUDA. It is slow by design and is not a serving path.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
-from gatehead.gate.adapter import GateAdapter, load_gate_adapter
+from gatehead.gate.adapter import GateAdapter, alora_offsets, load_gate_adapter
 from gatehead.gate.metrics import softmax
 from gatehead.gate.policy import LABELS, GateResult, Thresholds, gate_result
 from gatehead.gate.prompt import Passage, PromptBuilder, PromptConfig, Turn
@@ -64,6 +66,9 @@ class HFReference:
         self.model_dir = Path(model_dir)
         self.adapter: GateAdapter | None = (
             load_gate_adapter(adapter_dir, self.model_dir) if adapter_dir is not None else None)
+        if merged and self.adapter is not None and self.adapter.suffix_mode:
+            raise ValueError(f"{adapter_dir} is a suffix-mode gate: activated LoRA adapts the suffix rows only and "
+                             f"cannot be merged into the weights; use merged=False")
         self.dtype = dtype
         self.device = device
         self.merged = merged
@@ -106,7 +111,9 @@ class HFReference:
 
             if not self.merged:
                 base = load_classifier(self.model_dir, self.adapter.spec.labels, self.dtype)
-                model = PeftModel.from_pretrained(base, self.adapter.path)
+                with warnings.catch_warnings():  # PEFT documents aLoRA for causal LMs (see gate.adapter.lora_config)
+                    warnings.filterwarnings("ignore", message=".*aLoRA.*")
+                    model = PeftModel.from_pretrained(base, self.adapter.path)
                 self._gate = model.to(device=self.device, dtype=self._torch_dtype()).eval()
             else:
                 model = merged_gate_classifier(self.model_dir, self.adapter, self.dtype).to(self.device)
@@ -134,11 +141,15 @@ class HFReference:
         """Head logits [n, 3] in fp32, columns in the adapter's label order."""
         import torch
 
+        adapter = self._require_adapter()
         rows = []
         for prompt in prompts:
             ids = torch.tensor([list(prompt)], device=self.device)
+            extra = {}
+            if adapter.suffix_mode:
+                extra["alora_offsets"] = alora_offsets([prompt], adapter.invocation_tokens, len(prompt))
             with torch.inference_mode():
-                logits = self.gate_model(input_ids=ids).logits  # [1, 3]; HF pools the last token
+                logits = self.gate_model(input_ids=ids, **extra).logits  # [1, 3]; HF pools the last token
             rows.append(logits[0].float().cpu().numpy())
         return np.stack(rows) if rows else np.zeros((0, len(LABELS)), dtype=np.float32)
 

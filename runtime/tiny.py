@@ -62,6 +62,8 @@ class TinySpec:
     max_position: int = 4096
     initializer_range: float = 0.1  # large enough that greedy generations vary with the prompt
     k: int = 4
+    activation: str = "prompt"  # "suffix": an activated gate adapter (LoRA on the suffix rows only)
+    suffix_length: int = 1  # tokens of the invocation suffix (the suffix token, repeated)
     lora_rank: int = 8
     lora_alpha: float = 16.0
     lora_std: float = 0.05  # LoRA A and B ~ N(0, std): a visible, not overwhelming delta
@@ -169,7 +171,9 @@ def build_tiny(out_dir: str | Path, spec: TinySpec = TinySpec()) -> TinyModel:
     base = AutoModelForCausalLM.from_config(_config(spec, vocab_size, tokenizer), dtype=torch.float32)
     base.to(torch.bfloat16).save_pretrained(model_dir, safe_serialization=True)
 
-    lora = lora_config(spec.num_layers, spec.k, spec.lora_rank, spec.lora_alpha)
+    suffix = DEFAULT_SUFFIX * spec.suffix_length
+    invocation = tokenizer.encode(suffix, add_special_tokens=False) if spec.activation == "suffix" else None
+    lora = lora_config(spec.num_layers, spec.k, spec.lora_rank, spec.lora_alpha, invocation_tokens=invocation)
     model = get_peft_model(load_classifier(model_dir), lora)
     generator = torch.Generator().manual_seed(spec.seed + 1)
     with torch.no_grad():
@@ -178,6 +182,6 @@ def build_tiny(out_dir: str | Path, spec: TinySpec = TinySpec()) -> TinyModel:
                 param.copy_(torch.randn(param.shape, generator=generator) * spec.lora_std)
         head = next(p for n, p in model.named_parameters() if "score" in n and p.requires_grad)
         head.copy_(_centred_head(model, tokenizer, spec, generator))
-    gate_spec = GateSpec(k=spec.k, base=BaseIdentity.of_model(model_dir))
+    gate_spec = GateSpec(k=spec.k, base=BaseIdentity.of_model(model_dir), suffix=suffix, activation=spec.activation)
     adapter = save_gate_adapter(model, gate_spec, adapter_dir, model_dir)
     return TinyModel(model_dir=model_dir, adapter_dir=adapter_dir, adapter=adapter)

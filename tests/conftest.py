@@ -47,6 +47,39 @@ gatehead_cpu_isa.apply()
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+# `make test` runs the suite on two pytest-xdist workers (`-n 2`): an engine computes on one core, and a
+# serial run leaves the other mostly idle. A worker takes a module whole, so its module fixtures
+# (servers, engines) start once, and the modules on the demo model's session engines and references
+# (DEMO_MODULES) run on one worker together, so those start once too. (Workers start after this file
+# set OMP_NUM_THREADS: their HF references compute on one thread each.)
+DEMO_FIXTURES = frozenset({"demo_shared", "demo_stock", "demo_gates", "demo_references"})
+DEMO_MODULES = frozenset({
+    "tests/agent/test_agent.py", "tests/agent/test_readme_example.py", "tests/runtime/test_canary.py",
+    "tests/runtime/test_demo_fidelity.py", "tests/runtime/test_long_gate_batch.py",
+    "tests/runtime/test_tensor_parallel.py",
+})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    on_demo = {item.path.relative_to(config.rootpath).as_posix() for item in items
+               if DEMO_FIXTURES & set(getattr(item, "fixturenames", ()))}
+    if on_demo - DEMO_MODULES:
+        raise pytest.UsageError(f"{sorted(on_demo - DEMO_MODULES)} use the demo engines: add them to DEMO_MODULES "
+                                f"in tests/conftest.py, so that xdist runs them on the worker that holds those engines")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Work units of whole modules, and one unit for DEMO_MODULES (pytest 9 ignores xdist_group marks)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "demo-engines" if module in DEMO_MODULES else module
+
+    return ByModule(config, log)
+
 
 class Loop:
     """One event loop on a thread for the whole session: AsyncLLM binds to the loop it first runs in."""
@@ -136,3 +169,4 @@ def demo_engine(gate: bool) -> Iterator:
         yield engine
     finally:
         engine.shutdown()
+
