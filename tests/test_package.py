@@ -49,7 +49,7 @@ def test_editable_install_maps_the_repo_root_to_gatehead() -> None:
 
 # The modules vLLM loads inside its engine processes: they are torch and vLLM code by nature.
 ENGINE_SIDE = {"gatehead.runtime.gated", "gatehead.runtime.branch", "gatehead.runtime.tap",
-               "gatehead.runtime.admission"}
+               "gatehead.runtime.admission", "gatehead.runtime.paged_kv"}
 # Scripts run by hand on a CUDA machine with PyTorch alone: torch is what they measure.
 TORCH_SCRIPTS = {"gatehead.benchmarks.gpu_branch", "gatehead.benchmarks.cuda_paths"}
 
