@@ -338,11 +338,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         report = build_demo_model(out_dir=args.out_dir, smoke=args.smoke, first_stage=args.first_stage)
         print(json.dumps([{k: stage[k] for k in ("seconds", "examples", "steps")} for stage in report["stages"]]))
     elif args.stage == "train-gate":
-        config = demo_recipe()[2]
-        config = replace(config, activation=args.activation, suffix_length=args.suffix_length,
-                         k=args.k or config.k, rank=args.rank or config.rank)
-        if args.rank:
-            config = replace(config, alpha=2.0 * args.rank)  # the recipe's alpha/rank ratio
+        recipe = demo_recipe()[2]
+        rank = args.rank or recipe.rank
+        config = replace(recipe, activation=args.activation, suffix_length=args.suffix_length,
+                         k=args.k or recipe.k, rank=rank, alpha=recipe.alpha * rank / recipe.rank)  # the recipe's ratio
         report = train_gate_and_report(out_dir=args.out_dir, smoke=args.smoke, phrasings=not args.templates_only,
                                        config=config, adapter_name=args.adapter, read_test=not args.val_only,
                                        answers=not args.gate_only)
