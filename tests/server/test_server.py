@@ -281,20 +281,27 @@ def test_a_client_disconnect_aborts_the_work(server: Server) -> None:
 def test_a_stream_past_its_deadline_ends_with_an_error_event_and_frees_the_engine(server: Server) -> None:
     before = metric(server, "gatehead_deadline_exceeded_total")
     # 3 s: later, the degenerate-output guard can end the story first (a 502; seen at 10 s). Beside the other
-    # xdist worker's engines the first token once missed these 3 s: a known race, see the stop-32 note.
-    with server.client.stream("POST", "/v1/chat/completions", json={**STORY, "stream": True},
-                              headers={**AUTH, "X-Gatehead-Timeout": "3"}) as response:
-        assert response.status_code == 200
-        chunks = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+    # xdist worker's engines the first token once missed these 3 s, so a stream cut before its first token
+    # is tried again (up to three times); every try must still end with the deadline's 504.
+    tries = 0
+    while tries < 3:
+        tries += 1
+        with server.client.stream("POST", "/v1/chat/completions", json={**STORY, "stream": True},
+                                  headers={**AUTH, "X-Gatehead-Timeout": "3"}) as response:
+            assert response.status_code == 200
+            chunks = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+        assert chunks[-1]["error"]["code"] == 504 and chunks[-1]["error"]["type"] == "timeout", chunks[-1]
+        eventually(lambda: only_this_request_runs(server))
+        if any(c["choices"][0]["delta"].get("content") for c in chunks if "choices" in c):
+            break
     assert any(c["choices"][0]["delta"].get("content") for c in chunks if "choices" in c)  # tokens came first
-    assert chunks[-1]["error"]["code"] == 504 and chunks[-1]["error"]["type"] == "timeout"
     with server.client.stream("POST", "/v1/agent/chat", json={"message": "What is the price of the GW-960?",
                                                               "thread_id": "late", "stream": True},
                               headers={**AUTH, "X-Gatehead-Timeout": "0.3"}) as response:
         assert response.status_code == 200
         events = [line[7:] for line in response.iter_lines() if line.startswith("event: ")]
     assert events[0] == "node" and events[-1] == "error" and "final" not in events
-    assert metric(server, "gatehead_deadline_exceeded_total") == before + 2
+    assert metric(server, "gatehead_deadline_exceeded_total") == before + tries + 1
     eventually(lambda: only_this_request_runs(server))
     # The cut turn released its thread: the next turn on it runs (and first finishes the cut one).
     assert server.post("/v1/agent/chat", {"message": STRATA, "thread_id": "late"}).status_code == 200
