@@ -5,3 +5,4 @@ from pathlib import Path
 DEMO_DIR = Path(__file__).resolve().parent
 MODEL_DIR = DEMO_DIR / "model"
 ADAPTER_DIR = DEMO_DIR / "adapter"
+SUFFIX_ADAPTER_DIR = DEMO_DIR / "adapter-suffix"  # the same gate task as a suffix-mode (activated) gate

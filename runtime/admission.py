@@ -4,6 +4,9 @@ gatehead installs this as a vLLM logits processor (`logits_processors=[...]`) fo
 `validate_params`, which vLLM runs in the engine's client for each request before queueing it.
 - A gate request asking for what the branch cannot honour (n > 1, structured output, prompt
   logprobs, ...) is refused there with the reason, and nothing runs.
+- A prompt-mode gate request may not read the prefix cache (the branch needs every prompt row); a
+  suffix-mode one (`SuffixGateAdmission`, chosen by the engine for a suffix-mode adapter) may, and
+  must name its suffix length, which the scheduler reads to keep its suffix rows uncached.
 - A generation request may not turn off `skip_special_tokens`: the gate's reserved tokens (the
   invocation suffix and the action tokens) are special tokens, so they never reach generated text.
 Logits are left alone (`apply` is the identity): masking the reserved tokens would change the
@@ -19,11 +22,13 @@ from vllm.exceptions import VLLMValidationError
 from vllm.sampling_params import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 
-from gatehead.runtime.plugin import is_gate_request
+from gatehead.runtime.plugin import SUFFIX_FLAG, is_gate_request, suffix_length
 
 
 class GateAdmission(LogitsProcessor):
     """Refuses gate requests the branch cannot serve, and generations that would print reserved tokens."""
+
+    suffix_mode = False
 
     @classmethod
     def validate_params(cls, sampling_params: SamplingParams) -> None:
@@ -39,9 +44,13 @@ class GateAdmission(LogitsProcessor):
             "prompt logprobs (the branch replaces the model's output on the last token only)":
                 p.prompt_logprobs is not None,
             "max_tokens other than 1 (a gate request ends at its decision)": p.max_tokens != 1,
-            "reading the prefix cache (the branch needs every token's tapped row; set "
-            "skip_reading_prefix_cache=True)": not p.skip_reading_prefix_cache,
         }
+        if cls.suffix_mode:
+            refused[f"a suffix-mode gate without its suffix length (extra_args[{SUFFIX_FLAG!r}] = the number of "
+                    f"suffix tokens)"] = suffix_length(p) == 0
+        else:
+            refused["reading the prefix cache (a prompt-mode gate's branch needs every token's tapped row; set "
+                    "skip_reading_prefix_cache=True)"] = not p.skip_reading_prefix_cache
         problems = [reason for reason, present in refused.items() if present]
         if problems:
             raise VLLMValidationError(f"gate requests do not support {'; '.join(problems)}")
@@ -57,3 +66,9 @@ class GateAdmission(LogitsProcessor):
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         return logits
+
+
+class SuffixGateAdmission(GateAdmission):
+    """The rules of an engine serving a suffix-mode gate: its gate requests may read the prefix cache."""
+
+    suffix_mode = True

@@ -2,9 +2,16 @@
 
 The branch calls the base layers' own modules (`qkv_proj`, norms, rotary, `o_proj`, MLP), so it reuses
 their weight tensors by reference: no second copy of k layers. LoRA is applied unmerged,
-`x W + (x A) B * scaling`. Attention is KV-free: causal SDPA over one gate request's own rows, which
-is why the branch needs every tapped row of the prompt. The last layer computes only the last
-token's row, the one the head reads. The head runs in fp32, as vLLM's pooling classifier does.
+`x W + (x A) B * scaling`. The last layer computes only the last token's row, the one the head
+reads. The head runs in fp32, as vLLM's pooling classifier does.
+
+Attention, prompt mode: KV-free, causal SDPA over one gate request's own rows, which is why the
+branch needs every tapped row of the prompt. Suffix mode (an activated gate, LoRA on the suffix
+rows only): the rows are the suffix's, at their absolute positions, and in each layer their queries
+attend to the base model's keys and values of every earlier position, read from that layer's paged
+KV cache (`gatehead.runtime.paged_kv`) through the request's block ids, then to the suffix's own
+LoRA keys and values, causally. The prefix rows would have had no LoRA, so their cached K/V are
+exactly what the gate model computes for them.
 
 Precision: the branch computes what the engine's own layers would. The projections and norms are
 the base modules. The LoRA delta is computed in fp32 and added before the one rounding to the
@@ -28,6 +35,7 @@ then holds the same residual stream, and the head runs on it unsharded.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -36,6 +44,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from gatehead.gate.adapter import ADAPTER_WEIGHTS, GateAdapter
+from gatehead.runtime import paged_kv
 
 _LORA_KEY = re.compile(r"\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
 QKV = ("q_proj", "k_proj", "v_proj")
@@ -51,13 +60,23 @@ def _tensor_parallel() -> tuple[int, int]:
     return parallel_state.get_tensor_model_parallel_world_size(), parallel_state.get_tensor_model_parallel_rank()
 
 
+@dataclass(frozen=True)
+class Prefix:
+    """Where a suffix-mode gate's prefix lies: its `length` positions' K/V in the KV blocks `blocks`."""
+
+    length: int
+    blocks: tuple[int, ...]
+
+
 class GateBranch(nn.Module):
     """Runs the gate model's last k layers and head on one request's tapped rows."""
 
     def __init__(self, layers: list[nn.Module], final_norm: nn.Module, adapter: GateAdapter,
-                 device: torch.device, attention_fp32: bool = False) -> None:
+                 device: torch.device, attention_fp32: bool = False, prefix_keys: bool = True) -> None:
         super().__init__()
         self.attention_fp32 = attention_fp32
+        # False only in the negative control of suffix mode: the suffix attends to itself alone.
+        self.prefix_keys = prefix_keys
         # Plain lists: the base modules must not be registered twice (their weights belong to the base).
         self.layers = list(layers)
         self.final_norm = [final_norm]
@@ -116,18 +135,20 @@ class GateBranch(nn.Module):
                          dim=-1)
 
     @torch.inference_mode()
-    def forward(self, rows: torch.Tensor) -> torch.Tensor:
-        """Head logits [3] (fp32) for one gate prompt whose tapped rows are `rows` [2, L, hidden]:
-        the (hidden, residual) inputs of layer N-k's norm."""
+    def forward(self, rows: torch.Tensor, prefix: Prefix | None = None) -> torch.Tensor:
+        """Head logits [3] (fp32) for one gate prompt whose tapped rows are `rows` [2, L, hidden]: the
+        (hidden, residual) inputs of layer N-k's norm, of every prompt token, or with `prefix` (suffix
+        mode) of the suffix's tokens, which follow the `prefix.length` positions in the KV cache."""
         n = rows.shape[1]
-        positions = torch.arange(n, device=rows.device)
+        start = prefix.length if prefix is not None else 0
+        positions = torch.arange(start, start + n, device=rows.device)
         hidden, residual = rows[0], rows[1]
         for offset, layer in enumerate(self.layers):
             index = self.first_layer + offset
             last = offset == len(self.layers) - 1
             norm = layer.input_layernorm
             h, residual = (norm.untapped if offset == 0 else norm)(hidden, residual)
-            attn_out = self._attention(index, layer.self_attn, h, positions, last_only=last)
+            attn_out = self._attention(index, layer.self_attn, h, positions, last, prefix)
             if last:  # only the last token's row reaches the head
                 residual = residual[-1:]
             h, residual = layer.post_attention_layernorm(attn_out, residual)
@@ -136,7 +157,7 @@ class GateBranch(nn.Module):
         return normed[-1].float() @ self.head.T
 
     def _attention(self, index: int, attn: nn.Module, h: torch.Tensor, positions: torch.Tensor,
-                   last_only: bool) -> torch.Tensor:
+                   last_only: bool, prefix: Prefix | None) -> torch.Tensor:
         n, head_dim = h.shape[0], attn.head_dim
         qkv, _ = attn.qkv_proj(h)
         qkv = self._add_lora(index, QKV, h, qkv, [attn.q_size, attn.kv_size, attn.kv_size])
@@ -148,14 +169,25 @@ class GateBranch(nn.Module):
         if last_only:
             q = q[-1:]
         q = q.reshape(q.shape[0], attn.num_heads, head_dim).transpose(0, 1)  # [H, Lq, D]
-        k = k.reshape(n, attn.num_kv_heads, head_dim).transpose(0, 1)  # [Hkv, L, D]
-        v = v.reshape(n, attn.num_kv_heads, head_dim).transpose(0, 1)
+        k = k.reshape(n, attn.num_kv_heads, head_dim)  # [L, Hkv, D]
+        v = v.reshape(n, attn.num_kv_heads, head_dim)
+        mask = None  # causal over the request's own rows; the last-only query attends every key
+        if prefix is not None and self.prefix_keys and prefix.length:
+            # The base's K/V of positions [0, length), rotated as vLLM wrote them: [length, Hkv, D].
+            cache = attn.attn.kv_cache
+            blocks = torch.tensor(prefix.blocks, dtype=torch.long)
+            cached_k, cached_v = paged_kv.gather(cache, attn.attn.isa, blocks, prefix.length)
+            k, v = torch.cat([cached_k, k]), torch.cat([cached_v, v])
+            if not last_only:  # suffix query i sees every prefix key and suffix keys 0..i
+                mask = torch.ones(n, prefix.length + n, dtype=torch.bool, device=h.device)
+                mask[:, prefix.length:] = torch.ones(n, n, dtype=torch.bool, device=h.device).tril()
+        k, v = k.transpose(0, 1), v.transpose(0, 1)  # [Hkv, keys, D]
         if self.attention_fp32:
             q, k, v = q.float(), k.float(), v.float()
-        # Causal over the request's own rows; the last-only query attends every key, so no mask.
         # enable_gqa shares each K/V head across its query heads without copying them.
-        out = F.scaled_dot_product_attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
-                                             is_causal=not last_only, scale=attn.scaling, enable_gqa=True)
+        causal = mask is None and not last_only
+        out = F.scaled_dot_product_attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), attn_mask=mask,
+                                             is_causal=causal, scale=attn.scaling, enable_gqa=True)
         out = out[0].transpose(0, 1).reshape(q.shape[1], attn.q_size).to(h.dtype)  # [Lq, H*D]
         o, _ = attn.o_proj(out)
         delta = self._lora(index, "o_proj", out, reduce=True)

@@ -21,7 +21,7 @@ from typing import Any, Literal, TypeVar
 from gatehead.gate.adapter import GateAdapter, load_gate_adapter
 from gatehead.gate.policy import LABELS, GateResult, Thresholds, gate_result
 from gatehead.gate.prompt import Passage, Prompt, PromptBuilder, PromptConfig, Turn, reserved_token_id
-from gatehead.runtime.plugin import GATE_FLAG, GATED_ARCHITECTURES
+from gatehead.runtime.plugin import GATE_FLAG, GATED_ARCHITECTURES, SUFFIX_FLAG
 from gatehead.runtime.stats import EngineStats, stat_logger_factory
 
 T = TypeVar("T")
@@ -52,13 +52,16 @@ class EngineConfig:
     # Diagnostics that separate causes in the stability check: "perturbed" is its negative control
     # (the tap writes its rounding back); "off" loads the gated model without the tap, and
     # branch=False keeps the tap but never runs the branch. Gate requests fail in both.
+    # "suffix-only" is the negative control of suffix-mode gates: the branch ignores the cached prefix.
     tap: Literal["copy", "perturbed", "off"] = "copy"
-    branch: bool = True
+    branch: bool | Literal["suffix-only"] = True
+    extra: dict[str, Any] = field(default_factory=dict)  # more vLLM engine arguments
 
     def __post_init__(self) -> None:
         if self.tap not in ("copy", "perturbed", "off"):
             raise ValueError(f"EngineConfig.tap must be 'copy', 'perturbed' or 'off', got {self.tap!r}")
-    extra: dict[str, Any] = field(default_factory=dict)  # more vLLM engine arguments
+        if self.branch not in (True, False, "suffix-only"):
+            raise ValueError(f"EngineConfig.branch must be True, False or 'suffix-only', got {self.branch!r}")
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,7 @@ class GateOutcome:
     result: GateResult
     prompt: Prompt | None
     num_prompt_tokens: int
-    num_cached_tokens: int  # prompt tokens read from the prefix cache: always 0 for a gate request
+    num_cached_tokens: int  # prompt tokens read from the prefix cache (0 for a prompt-mode gate)
 
 
 class SharedEngine:
@@ -103,16 +106,15 @@ class SharedEngine:
         overrides: dict[str, Any] = {}
         if config.adapter is not None:
             self.adapter = load_gate_adapter(config.adapter, model_dir)
-            if self.adapter.suffix_mode:
-                raise ValueError(f"{config.adapter} is a suffix-mode (activated) gate adapter; this engine serves "
-                                 f"prompt-mode gates only so far (its HF reference, gatehead.runtime.reference, "
-                                 f"computes suffix mode): pass a prompt-mode adapter")
             arch = self.adapter.spec.base.architecture
             _refuse_unsupported(config.extra)
+            if self.adapter.suffix_mode:
+                _check_kv_readable(config, hf_config)
             if arch not in GATED_ARCHITECTURES:
                 raise ValueError(f"gatehead's shared engine supports {sorted(GATED_ARCHITECTURES)}, not {arch}")
             self.suffix_ids = tuple(self.tokenizer.encode(self.adapter.spec.suffix, add_special_tokens=False))
             self.action_ids = tuple(reserved_token_id(self.tokenizer, t) for t in self.adapter.spec.action_tokens)
+            # A suffix-mode gate keeps no prompt rows: its gate prompts may fill the context.
             self.max_gate_tokens = min(config.max_gate_tokens or self.max_model_len, self.max_model_len)
             overrides = {
                 "architectures": [GATED_ARCHITECTURES[arch]],
@@ -140,7 +142,8 @@ class SharedEngine:
         if overrides:
             args["hf_overrides"] = overrides
             args["worker_extension_cls"] = "gatehead.runtime.plugin.WorkerExtension"
-            args["logits_processors"] = ["gatehead.runtime.admission:GateAdmission"]
+            admission = "SuffixGateAdmission" if self.adapter.suffix_mode else "GateAdmission"
+            args["logits_processors"] = [f"gatehead.runtime.admission:{admission}"]
         if config.kv_cache_memory_bytes is not None:
             args["kv_cache_memory_bytes"] = config.kv_cache_memory_bytes
         else:
@@ -272,8 +275,13 @@ class SharedEngine:
             raise ValueError(f"the gate prompt has {len(ids)} tokens, over the engine's max_gate_tokens="
                              f"{self.max_gate_tokens}: drop passages or turns, or raise max_gate_tokens")
         self.check_length(ids, 1)
+        # A prompt-mode gate computes every prompt row afresh; a suffix-mode gate reads the cached prefix.
+        extra: dict[str, Any] = {GATE_FLAG: "gate"}
+        if adapter.suffix_mode:
+            extra[SUFFIX_FLAG] = n
         params = SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=list(self.action_ids),
-                                skip_reading_prefix_cache=True, detokenize=False, extra_args={GATE_FLAG: "gate"})
+                                skip_reading_prefix_cache=not adapter.suffix_mode, detokenize=False,
+                                extra_args=extra)
         self._stats.gate_requests += 1
         final = await _last(self.llm.generate(_prompt(ids, cache_salt), params,
                                               request_id=f"gate-{uuid.uuid4().hex}"))
@@ -282,7 +290,8 @@ class SharedEngine:
         probs = {label: math.exp(entry[token].logprob) for label, token in zip(LABELS, self.action_ids, strict=True)}
         if any(not math.isfinite(p) for p in probs.values()) or abs(sum(probs.values()) - 1.0) > 1e-3:
             raise GateError(f"the engine returned no valid gate probabilities ({probs}); the request's rows "
-                            f"were incomplete (a prefix-cache read or a prompt not ending with the suffix)")
+                            f"were incomplete (a prefix-cache read past what the gate may read, or a prompt not "
+                            f"ending with the suffix)")
         return GateOutcome(gate_result(probs, thresholds or adapter.spec.thresholds), None, len(ids),
                            final.num_cached_tokens or 0)
 
@@ -393,6 +402,28 @@ def _refuse_unsupported(extra: dict[str, Any]) -> None:
     if names:
         raise ValueError(f"gatehead's shared engine does not support {', '.join(names)} yet; "
                          f"start it without, or serve the gate from a dedicated engine")
+
+
+def _check_kv_readable(config: EngineConfig, hf_config: Any) -> None:
+    """A suffix-mode gate reads the paged KV cache: refuse here, before any process starts, a layout the
+    branch cannot read (the engine's worker checks again, with the layout vLLM picked, and self-tests it)."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        raise ValueError("suffix-mode gates read vLLM's CPU paged KV layout, which this platform does not use: "
+                         "serve a prompt-mode gate adapter here instead")
+    if config.block_size is None:  # vLLM's CPU default (128 tokens) is readable
+        return
+    import torch
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+    from gatehead.runtime import paged_kv
+
+    dtype = getattr(torch, config.dtype)
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+    cache_dtype = config.extra.get("kv_cache_dtype", "auto")
+    isa = _get_attn_isa(dtype, config.block_size, head_dim, cache_dtype)
+    paged_kv.check_readable(isa, dtype, cache_dtype, config.block_size, head_dim)
 
 
 def _prompt(ids: list[int], cache_salt: str | None) -> dict[str, Any]:

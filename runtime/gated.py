@@ -7,9 +7,13 @@ Per step (`gatehead.runtime.plugin` wraps the runner's `_model_forward` around s
 4. `compute_logits`: each finished gate request's logits row becomes -inf except the three reserved
    action tokens, which carry the head's logits; vLLM's `logprob_token_ids` returns their log-softmax.
 
-Generation rows are never touched. A gate request whose rows cannot be complete (it read the prefix
-cache, resumed mid-prompt, or its prompt does not end with the suffix) gets NaN action logits: the
-engine reports an error for it instead of a guess.
+Generation rows are never touched. A gate request whose rows cannot be complete (a prompt-mode gate
+that read the prefix cache, a suffix-mode one that read it past its suffix's start, one resumed
+mid-prompt, or a prompt that does not end with the suffix) gets NaN action logits: the engine reports
+an error for it instead of a guess.
+
+A suffix-mode (activated) gate keeps only its suffix rows; the branch reads the prefix's base K/V
+from the paged KV cache through the request's block ids (`gatehead.runtime.branch.Prefix`).
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
 
 from gatehead.gate.adapter import load_gate_adapter
 from gatehead.gate.policy import LABELS
-from gatehead.runtime.branch import GateBranch
+from gatehead.runtime import paged_kv
+from gatehead.runtime.branch import GateBranch, Prefix
 from gatehead.runtime.tap import tap_norm
 
 
@@ -40,14 +45,26 @@ class GateRow:
     done: int  # prompt tokens computed before this step
     prompt_len: int
     prompt_tail: tuple[int, ...]  # the last prompt tokens, as many as the suffix has
+    first: int = 0  # its first kept position: 0 in prompt mode, the first suffix position in suffix mode
+    blocks: tuple[int, ...] = ()  # suffix mode, last chunk: KV block ids of positions [0, first)
 
     @property
     def last_chunk(self) -> bool:
         return self.done + (self.end - self.start) >= self.prompt_len
 
+    def kept_after(self) -> int:
+        """Rows this request keeps once this step's rows are collected."""
+        return max(0, self.done + (self.end - self.start) - self.first)
+
 
 class RowKeeper:
     """Keeps gate requests' tapped rows across chunked-prefill steps; knows which prompts are complete.
+
+    A prompt-mode gate keeps every prompt row; a suffix-mode gate keeps the rows of its suffix only
+    (positions `>= first`), the prefix being read from the KV cache. A request's kept rows must be
+    exactly positions `[first, done)` when a step begins: a request that read the prefix cache past
+    `first`, or resumed without its rows, fails (NaN logits, an error for the caller) rather than
+    gating on part of its prompt. A preempted request that restarts at or before `first` starts over.
 
     At most `max_rows` rows stay kept between steps (one maximal gate prompt: vLLM's scheduler keeps
     at most one request partially prefilled); a request that would exceed it fails instead of growing
@@ -55,9 +72,10 @@ class RowKeeper:
     handed to the branch and dropped in the same step.
     """
 
-    def __init__(self, suffix_ids: tuple[int, ...], max_rows: int) -> None:
+    def __init__(self, suffix_ids: tuple[int, ...], max_rows: int, suffix_mode: bool = False) -> None:
         self.suffix_ids = suffix_ids
         self.max_rows = max_rows
+        self.suffix_mode = suffix_mode
         self.kept: dict[str, list[torch.Tensor]] = {}
         self.failed: set[str] = set()
         self.plan: list[GateRow] = []
@@ -69,38 +87,40 @@ class RowKeeper:
         scheduled = {row.req_id for row in rows}
         retained = sum(t.shape[1] for req_id, kept in self.kept.items() if req_id not in scheduled for t in kept)
         for row in rows:
-            if row.done == 0:  # a (re)started prefill: preemption recomputes from the first token
+            needed = max(0, row.done - row.first)  # rows computed in earlier steps that must be kept
+            if needed == 0:  # a (re)started prefill: preemption recomputes from a position <= first
                 self.kept[row.req_id] = []
                 self.failed.discard(row.req_id)
             kept = self.kept.get(row.req_id)
-            if (kept is None or sum(t.shape[1] for t in kept) != row.done or row.prompt_tail != self.suffix_ids
-                    or row.prompt_len > self.max_rows):
+            if (kept is None or sum(t.shape[1] for t in kept) != needed or row.prompt_tail != self.suffix_ids
+                    or row.prompt_len - row.first > self.max_rows):
                 self._fail(row.req_id)  # rows missing or not a gate prompt
             elif not row.last_chunk:  # its rows stay kept after this step
-                retained += row.done + (row.end - row.start)
+                retained += row.kept_after()
                 if retained > self.max_rows:
                     self._fail(row.req_id)
-                    retained -= row.done + (row.end - row.start)
+                    retained -= row.kept_after()
         self.plan = rows
 
     def _fail(self, req_id: str) -> None:
         self.failed.add(req_id)
         self.kept.pop(req_id, None)
 
-    def collect(self, tap_buffer: torch.Tensor) -> list[tuple[int, torch.Tensor | None]]:
-        """Keep this step's rows of `tap_buffer` [2, tokens, hidden]; return (batch row, all rows [2, L, hidden]
+    def collect(self, tap_buffer: torch.Tensor) -> list[tuple[GateRow, torch.Tensor | None]]:
+        """Keep this step's rows of `tap_buffer` [2, tokens, hidden]; return (row, its kept rows [2, L, hidden]
         or None if failed) per completed prompt."""
         plan, self.plan = self.plan, []
         complete = []
         for row in plan:
-            if row.req_id not in self.failed:
-                self.kept[row.req_id].append(tap_buffer[:, row.start:row.end].clone())
+            skip = max(0, row.first - row.done)  # this step's rows before the first kept position
+            if row.req_id not in self.failed and row.start + skip < row.end:
+                self.kept[row.req_id].append(tap_buffer[:, row.start + skip:row.end].clone())
             if not row.last_chunk:
                 continue
             if row.req_id in self.failed:
-                complete.append((row.batch_row, None))
+                complete.append((row, None))
             else:
-                complete.append((row.batch_row, torch.cat(self.kept.pop(row.req_id), dim=1)))
+                complete.append((row, torch.cat(self.kept.pop(row.req_id), dim=1)))
         return complete
 
     def rows_kept(self) -> int:
@@ -147,14 +167,26 @@ class GateState(nn.Module):
         self.register_buffer("action_ids", torch.tensor(hf.gatehead_action_ids, dtype=torch.long, device=device),
                              persistent=False)
         self.head_order = [adapter.spec.labels.index(label) for label in LABELS]  # head row per canonical label
+        branch_mode = getattr(hf, "gatehead_branch", True)  # True, False or "suffix-only" (a negative control)
+        self.suffix_mode = adapter.suffix_mode
+        if self.suffix_mode:
+            _check_kv_readable(vllm_config, layers[adapter.branch_layer])
+        elif branch_mode == "suffix-only":
+            raise ValueError("the 'suffix-only' branch is a negative control of suffix-mode gates; this adapter is "
+                             "prompt-mode")
         self.branch = GateBranch(list(layers[adapter.branch_layer:]), model.model.norm, adapter, device,
-                                 attention_fp32=_attention_in_fp32(vllm_config, layers[adapter.branch_layer]))
+                                 attention_fp32=_attention_in_fp32(vllm_config, layers[adapter.branch_layer]),
+                                 prefix_keys=branch_mode != "suffix-only")
         tap = getattr(hf, "gatehead_tap", "copy")
         if tap != "off":  # "off" and branch=False: the stability check's diagnostic modes
             tap_norm(layers[adapter.branch_layer].input_layernorm, self.tap_buffer, perturbed=tap == "perturbed")
         # No tap, no rows: the branch would read a buffer nothing wrote, so it is off too (gate requests fail).
-        self.branch_enabled = bool(getattr(hf, "gatehead_branch", True)) and tap != "off"
-        self.rows = RowKeeper(tuple(hf.gatehead_suffix_ids), int(hf.gatehead_max_gate_tokens))
+        self.branch_enabled = branch_mode is not False and tap != "off"
+        suffix_ids = tuple(hf.gatehead_suffix_ids)
+        kept_bound = int(hf.gatehead_max_gate_tokens)
+        if self.suffix_mode:  # each request keeps its suffix rows only
+            kept_bound = min(kept_bound, len(suffix_ids) * vllm_config.scheduler_config.max_num_seqs)
+        self.rows = RowKeeper(suffix_ids, kept_bound, suffix_mode=self.suffix_mode)
         self.results: dict[int, torch.Tensor] = {}
         self.timing = BranchTiming()
 
@@ -167,12 +199,13 @@ class GateState(nn.Module):
             self.rows.plan = []
             return
         started, ran = time.perf_counter(), 0
-        for batch_row, rows in self.rows.collect(self.tap_buffer):
+        for row, rows in self.rows.collect(self.tap_buffer):
             if rows is None:
-                self.results[batch_row] = torch.full((3,), float("nan"), device=self.tap_buffer.device)
-            else:
-                self.results[batch_row] = self.branch(rows)[self.head_order]
-                ran += 1
+                self.results[row.batch_row] = torch.full((3,), float("nan"), device=self.tap_buffer.device)
+                continue
+            prefix = Prefix(row.first, row.blocks) if self.suffix_mode else None
+            self.results[row.batch_row] = self.branch(rows, prefix)[self.head_order]
+            ran += 1
         if ran:
             if self.tap_buffer.is_cuda:  # the results are read in compute_logits right after: no extra stall
                 torch.cuda.synchronize(self.tap_buffer.device)
@@ -213,6 +246,31 @@ def _attention_in_fp32(vllm_config, layer: nn.Module) -> bool:
     cache = vllm_config.cache_config
     isa = _get_attn_isa(vllm_config.model_config.dtype, cache.block_size, layer.self_attn.head_dim, cache.cache_dtype)
     return isa in ("vec", "vec16")
+
+
+def _check_kv_readable(vllm_config, layer: nn.Module) -> None:
+    """Suffix mode reads the base K/V from vLLM's paged cache: refuse, at start and with the fix, any
+    configuration whose cache the branch cannot read (`gatehead.runtime.paged_kv`)."""
+    from vllm.platforms import current_platform
+
+    fix = "serve a prompt-mode gate adapter here instead"
+    if not current_platform.is_cpu():
+        raise ValueError(f"suffix-mode gates read vLLM's CPU paged KV layout, and this engine runs on "
+                         f"{current_platform.device_name}, whose layout gatehead does not read yet: {fix}")
+    model_config, cache = vllm_config.model_config, vllm_config.cache_config
+    if model_config.get_sliding_window() is not None:
+        raise ValueError(f"suffix-mode gates attend to every prefix position, and this model has sliding-window "
+                         f"attention layers: {fix}")
+    kinds = set(getattr(model_config.hf_config, "layer_types", None) or ["full_attention"])
+    if kinds != {"full_attention"}:
+        raise ValueError(f"suffix-mode gates read full-attention KV caches only, and this model has {sorted(kinds)} "
+                         f"layers: {fix}")
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+    attn = layer.self_attn
+    isa = _get_attn_isa(model_config.dtype, cache.block_size, attn.head_dim, cache.cache_dtype)
+    paged_kv.check_readable(isa, model_config.dtype, cache.cache_dtype, cache.block_size, attn.head_dim)
+    paged_kv.self_test(isa, model_config.dtype, attn.num_kv_heads, cache.block_size, attn.head_dim)
 
 
 def _refuse_unsupported(vllm_config) -> None:

@@ -7,6 +7,11 @@ V1 model runner's `_model_forward`, the runner's documented override point, whic
 step after the batch is final. The wrapper reads which scheduled requests are gate requests
 (`SamplingParams.extra_args`) and where their tokens lie, and hands that to the model. For any model
 without a gate it calls the original method and does nothing else.
+
+Suffix-mode (activated) gate requests read the prefix cache, but never past their suffix: the
+scheduler's prefix-cache lookup (`KVCacheManager.get_computed_blocks`) is wrapped so that their hit
+ends at or before the first suffix position, and every suffix row is computed by the base forward,
+where the tap sees it. Every other request's lookup is left as vLLM made it.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ GATED_ARCHITECTURES = {
     "LlamaForCausalLM": "GatedLlamaForCausalLM",
 }
 GATE_FLAG = "gatehead"  # SamplingParams.extra_args[GATE_FLAG] == "gate" marks a gate request
+SUFFIX_FLAG = "gatehead_suffix"  # extra_args[SUFFIX_FLAG] = L: a suffix-mode gate whose last L tokens are its suffix
 
 
 def is_gate_request(params: Any) -> bool:
@@ -27,12 +33,43 @@ def is_gate_request(params: Any) -> bool:
     return bool(extra) and extra.get(GATE_FLAG) == "gate"
 
 
+def suffix_length(params: Any) -> int:
+    """The suffix length of a suffix-mode gate request's `SamplingParams`; 0 for any other request."""
+    if not is_gate_request(params):
+        return 0
+    length = params.extra_args.get(SUFFIX_FLAG, 0)
+    return length if isinstance(length, int) and not isinstance(length, bool) and length > 0 else 0
+
+
 def register() -> None:
     from vllm import ModelRegistry
 
     for gated in GATED_ARCHITECTURES.values():
         ModelRegistry.register_model(gated, f"gatehead.runtime.gated:{gated}")
     _wrap_model_forward()
+    _wrap_prefix_cache_lookup()
+
+
+def _wrap_prefix_cache_lookup() -> None:
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+
+    original = KVCacheManager.get_computed_blocks
+    if getattr(original, "gatehead_wrapped", False):
+        return
+
+    def get_computed_blocks(self, request):
+        blocks, hits, boundary = original(self, request)
+        length = suffix_length(request.sampling_params)
+        if length and hits:
+            # Whole blocks only (every group's block size divides the hit), ending at or before the suffix.
+            block = max(manager.block_size for manager in self.coordinator.single_type_managers)
+            limit = (request.num_prompt_tokens - length) // block * block
+            if hits > limit:
+                blocks, hits = self.truncate_computed_blocks(blocks, limit), limit
+        return blocks, hits, boundary
+
+    get_computed_blocks.gatehead_wrapped = True
+    KVCacheManager.get_computed_blocks = get_computed_blocks
 
 
 def _wrap_model_forward() -> None:
@@ -46,7 +83,7 @@ def _wrap_model_forward() -> None:
         state = getattr(self.get_model(), "gatehead", None)
         if state is None:
             return original(self, *args, **kwargs)
-        state.begin_step(*plan_step(self, len(state.rows.suffix_ids)))
+        state.begin_step(*plan_step(self, len(state.rows.suffix_ids), state.rows.suffix_mode))
         output = original(self, *args, **kwargs)
         # Here, not in the model's forward: a full CUDA graph replays the forward without its Python.
         state.after_forward()
@@ -84,8 +121,13 @@ class WorkerExtension:
             branch.head.copy_(self.gatehead_head_as_loaded)
 
 
-def plan_step(runner: Any, suffix_len: int) -> tuple[list[Any], set[str]]:
-    """This step's gate rows (`GateRow`s) and the ids of the requests the V1 model runner holds."""
+def plan_step(runner: Any, suffix_len: int, suffix_mode: bool = False) -> tuple[list[Any], set[str]]:
+    """This step's gate rows (`GateRow`s) and the ids of the requests the V1 model runner holds.
+
+    In suffix mode a gate's first kept row is its first suffix position, and a gate whose prompt
+    completes this step carries the KV block ids of the positions before it (group 0: the engine
+    refuses models with several KV cache groups in suffix mode).
+    """
     from gatehead.runtime.gated import GateRow
 
     batch = runner.input_batch
@@ -99,5 +141,12 @@ def plan_step(runner: Any, suffix_len: int) -> tuple[list[Any], set[str]]:
         if done >= prompt_len:
             continue
         tail = tuple(state.prompt_token_ids[-suffix_len:]) if state.prompt_token_ids else ()
-        rows.append(GateRow(req_id, i, int(starts[i]), int(starts[i + 1]), done, prompt_len, tail))
+        first, blocks = 0, ()
+        end = int(starts[i + 1])
+        if suffix_mode:
+            first = max(prompt_len - suffix_len, 0)
+            if done + end - int(starts[i]) >= prompt_len:  # the last chunk: the branch reads the prefix's K/V
+                table = batch.block_table[0]
+                blocks = tuple(int(b) for b in table.get_numpy_array()[i, :-(-first // table.block_size)])
+        rows.append(GateRow(req_id, i, int(starts[i]), end, done, prompt_len, tail, first, blocks))
     return rows, set(runner.requests)

@@ -141,17 +141,14 @@ def test_the_reference_is_the_base_prefix_cache_plus_the_lora_on_the_suffix(acti
     assert np.abs(everywhere - reference).max() > 1e-2
 
 
-def test_suffix_mode_has_no_merged_or_dedicated_form_and_the_engine_refuses_it(activated: TinyModel, tmp_path) -> None:
+def test_suffix_mode_has_no_merged_or_dedicated_form(activated: TinyModel, tmp_path) -> None:
     from gatehead.runtime.dedicated import export_dedicated
-    from gatehead.runtime.engine import EngineConfig, SharedEngine
 
     with pytest.raises(ValueError, match="cannot be merged"):
         HFReference(activated.model_dir, activated.adapter_dir, merged=True)
     with pytest.raises(ValueError, match="dedicated engine exists for prompt-mode gates only"):
         export_dedicated(activated.model_dir, activated.adapter_dir, tmp_path / "dedicated")
     assert not (tmp_path / "dedicated").exists()
-    with pytest.raises(ValueError, match="serves prompt-mode gates only so far"):
-        SharedEngine(EngineConfig(model=activated.model_dir, adapter=activated.adapter_dir))
 
 
 def test_training_a_suffix_mode_gate_learns_and_the_reference_agrees(tiny: TinyModel, labelled, tmp_path) -> None:

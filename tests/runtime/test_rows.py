@@ -18,11 +18,13 @@ def step(keeper: RowKeeper, rows: list[GateRow], live: set[str] | None = None):
         buffer[0, r.start:r.end] = torch.arange(r.done, r.done + r.end - r.start, dtype=torch.float)[:, None]
     buffer[1] = -buffer[0]
     keeper.begin_step(rows, live if live is not None else {r.req_id for r in rows} | set(keeper.kept))
-    return keeper.collect(buffer)
+    return [(r.batch_row, kept) for r, kept in keeper.collect(buffer)]
 
 
-def row(req: str, batch_row: int, start: int, n: int, done: int, prompt_len: int, tail=SUFFIX) -> GateRow:
-    return GateRow(req, batch_row, start, start + n, done, prompt_len, tail)
+def row(req: str, batch_row: int, start: int, n: int, done: int, prompt_len: int, tail=SUFFIX,
+        suffix: int = 0) -> GateRow:
+    """A gate's share of a step; `suffix` > 0: a suffix-mode gate whose last `suffix` tokens are its suffix."""
+    return GateRow(req, batch_row, start, start + n, done, prompt_len, tail, prompt_len - suffix if suffix else 0)
 
 
 def positions(rows: torch.Tensor) -> list[int]:
@@ -93,3 +95,32 @@ def test_a_prompt_completing_in_the_step_does_not_count_against_the_bound() -> N
     assert positions(rows) == list(range(8)) and "b" not in keeper.failed and keeper.rows_kept() == 7
     [(_, rows)] = step(keeper, [row("b", 0, 0, 1, 7, 8)])
     assert positions(rows) == list(range(8)) and keeper.rows_kept() == 0
+
+
+SUFFIX3 = (7, 7, 7)
+
+
+def test_a_suffix_mode_gate_keeps_only_its_suffix_rows_across_a_chunk_boundary() -> None:
+    keeper = RowKeeper(SUFFIX3, max_rows=100, suffix_mode=True)
+    assert step(keeper, [row("a", 0, 0, 4, 0, 10, SUFFIX3, suffix=3)]) == [] and keeper.rows_kept() == 0
+    assert step(keeper, [row("a", 0, 0, 4, 4, 10, SUFFIX3, suffix=3)]) == [] and keeper.rows_kept() == 1
+    [(batch_row, rows)] = step(keeper, [row("a", 1, 2, 2, 8, 10, SUFFIX3, suffix=3)])
+    assert batch_row == 1 and positions(rows) == [7, 8, 9] and keeper.rows_kept() == 0
+
+
+def test_a_suffix_mode_gate_may_start_at_its_suffix_but_not_inside_it() -> None:
+    keeper = RowKeeper(SUFFIX3, max_rows=100, suffix_mode=True)
+    # A prefix-cache hit of 32 tokens, the suffix at 32..34: every suffix row is computed.
+    [(_, rows)] = step(keeper, [row("hit", 0, 0, 3, 32, 35, SUFFIX3, suffix=3)])
+    assert positions(rows) == [32, 33, 34]
+    # A hit reaching into the suffix (the scheduler never allows it): the missing row fails the gate.
+    assert step(keeper, [row("deep", 0, 0, 2, 33, 35, SUFFIX3, suffix=3)]) == [(0, None)]
+
+
+def test_a_preempted_suffix_mode_gate_starts_over_from_a_cached_prefix() -> None:
+    keeper = RowKeeper(SUFFIX3, max_rows=100, suffix_mode=True)
+    step(keeper, [row("a", 0, 0, 9, 0, 10, SUFFIX3, suffix=3)])
+    assert keeper.rows_kept() == 2
+    # Preempted, then rescheduled from a 7-token cached prefix (the vLLM scheduler caps the hit there).
+    [(_, rows)] = step(keeper, [row("a", 0, 0, 3, 7, 10, SUFFIX3, suffix=3)])
+    assert positions(rows) == [7, 8, 9]

@@ -1,0 +1,43 @@
+"""The demo's suffix-mode (activated) gate in the shared engine, bf16: its decisions are its HF reference's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gatehead.demo import MODEL_DIR, SUFFIX_ADAPTER_DIR
+from gatehead.evals.agreement import agreement, shared_gate_probs
+from gatehead.runtime.engine import EngineConfig, SharedEngine
+from gatehead.runtime.reference import HFReference
+
+N = 256
+
+
+@pytest.fixture(scope="module")
+def demo_suffix():
+    engine = SharedEngine(EngineConfig(model=MODEL_DIR, adapter=SUFFIX_ADAPTER_DIR, enforce_eager=True,
+                                       memory_fraction=0.1, block_size=32, max_model_len=2048))
+    yield engine
+    engine.shutdown()
+
+
+def test_demo_suffix_gate_agrees_with_its_reference_cached_and_beside_generations(demo_suffix, loop) -> None:
+    from gatehead.demo.build import held_out_examples
+
+    examples = held_out_examples()
+    built = [demo_suffix.prompts.build(e.question, e.passages, e.conversation) for e in examples[:N]]
+    gates = [b.gate for b in built]
+    answers = [demo_suffix.prompts.build(e.question, e.passages).answer for e in examples[N:N + 32]]
+    first = loop.run(shared_gate_probs(demo_suffix, gates, answers))
+    again = loop.run(shared_gate_probs(demo_suffix, gates))  # every prompt's prefix is cached now
+    fp32 = HFReference(MODEL_DIR, SUFFIX_ADAPTER_DIR, "float32").gate_probs(gates)
+    bf16 = HFReference(MODEL_DIR, SUFFIX_ADAPTER_DIR, "bfloat16").gate_probs(gates)
+    thresholds = demo_suffix.adapter.spec.thresholds
+    vs_fp32, cached_vs_fp32 = agreement(first, fp32, thresholds), agreement(again, fp32, thresholds)
+    print(f"demo suffix gate vs HF fp32: {vs_fp32}\ndemo suffix gate, prefixes cached, vs HF fp32: {cached_vs_fp32}\n"
+          f"demo suffix gate, cached vs first: {agreement(again, first, thresholds)}\n"
+          f"demo HF bf16 vs HF fp32 (suffix gate): {agreement(bf16, fp32, thresholds)}")
+    assert len(vs_fp32.mix_a) == 3, f"the demo gate should use all three decisions: {vs_fp32.mix_a}"
+    for figures in (vs_fp32, cached_vs_fp32):
+        assert figures.flips == 0 and figures.max_dp <= 0.02, figures
+    assert np.allclose(first.sum(axis=1), 1.0, atol=1e-5)

@@ -1,0 +1,212 @@
+"""Suffix-mode (activated) gates in the shared engine, on a tiny model: the branch reads the prefix's
+K/V from the paged cache, so gate requests read the prefix cache; judged against PEFT's aLoRA reference."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from gatehead.evals.agreement import agreement, shared_gate_probs
+from gatehead.evals.stability import check_stability
+from gatehead.evals.workload import synthetic_requests
+from gatehead.runtime.canary import Canaries, CanaryConfig, GateRecord
+from gatehead.runtime.engine import EngineConfig, SharedEngine
+from gatehead.runtime.reference import HFReference
+from gatehead.runtime.tiny import TinyModel, TinySpec, build_tiny
+
+SUFFIX_LENGTH = 3
+BLOCK = 32
+
+
+def engine_config(tiny: TinyModel, **overrides) -> EngineConfig:
+    """The runtime tests' engine shape (tests/runtime/conftest.py): bf16, 1k context, 32-token blocks."""
+    return EngineConfig(**{**dict(model=tiny.model_dir, adapter=tiny.adapter_dir, kv_cache_memory_bytes=128 << 20,
+                                  enforce_eager=True, block_size=BLOCK, max_model_len=1024), **overrides})
+
+
+@pytest.fixture(scope="module")
+def tiny_suffix(tmp_path_factory, tiny: TinyModel) -> TinyModel:
+    """`tiny`'s base model (the same seed, byte for byte) with a random suffix-mode adapter, a 3-token suffix."""
+    built = build_tiny(tmp_path_factory.mktemp("tiny-suffix"), TinySpec(activation="suffix",
+                                                                        suffix_length=SUFFIX_LENGTH))
+    for name in ("model.safetensors", "tokenizer.json"):
+        assert (built.model_dir / name).read_bytes() == (tiny.model_dir / name).read_bytes(), name
+    assert built.adapter.suffix_mode and len(built.adapter.invocation_tokens) == SUFFIX_LENGTH
+    return built
+
+
+@pytest.fixture(scope="module")
+def suffix_engines(tiny_suffix: TinyModel) -> Iterator:
+    made: list[SharedEngine] = []
+
+    def start(**overrides) -> SharedEngine:
+        made.append(SharedEngine(engine_config(tiny_suffix, **overrides)))
+        return made[-1]
+
+    yield start
+    for engine in made:
+        engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def fp32(suffix_engines) -> SharedEngine:
+    return suffix_engines(dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def bf16(suffix_engines) -> SharedEngine:
+    return suffix_engines()
+
+
+def gate_prompts(engine: SharedEngine, n: int, seed: int) -> list[tuple[int, ...]]:
+    return [engine.prompts.build(r.question, r.passages, r.conversation).gate for r in synthetic_requests(n, seed)]
+
+
+def probs_of(outcomes) -> np.ndarray:
+    return np.array([[o.result.probs[k] for k in ("answer", "refuse", "search")] for o in outcomes])
+
+
+def cap(prompt: tuple[int, ...]) -> int:
+    """The most prefix-cache tokens a suffix-mode gate may read: whole blocks before its suffix."""
+    return (len(prompt) - SUFFIX_LENGTH) // BLOCK * BLOCK
+
+
+def gate_in_turn(engine: SharedEngine, loop, prompts, reset_each: bool = False):
+    """Gate the prompts one after another (each after a cache reset with `reset_each`)."""
+    async def run():
+        outcomes = []
+        for prompt in prompts:
+            if reset_each:
+                assert await engine.reset_prefix_cache()
+            outcomes.append(await engine.gate_prompt(prompt))
+        return outcomes
+
+    return loop.run(run())
+
+
+def test_fp32_suffix_gate_matches_its_reference_uncached_partly_and_fully_cached(fp32, loop, tiny_suffix) -> None:
+    gates = gate_prompts(fp32, 48, seed=3)
+    reference = HFReference(tiny_suffix.model_dir, tiny_suffix.adapter_dir, "float32").gate_probs(gates)
+    uncached = gate_in_turn(fp32, loop, gates, reset_each=True)
+    assert loop.run(fp32.reset_prefix_cache())
+    partly = gate_in_turn(fp32, loop, gates)  # the prompts share their opening: later ones hit part of it
+    fully = gate_in_turn(fp32, loop, gates)  # the same prompts again: every whole block before the suffix
+    assert all(o.num_cached_tokens == 0 for o in uncached)
+    assert sum(0 < o.num_cached_tokens < cap(g) for o, g in zip(partly, gates, strict=True)) >= len(gates) // 2
+    assert [o.num_cached_tokens for o in fully] == [cap(g) for g in gates]
+    figures = {name: float(np.abs(probs_of(outcomes) - reference).max())
+               for name, outcomes in (("uncached", uncached), ("partly cached", partly), ("fully cached", fully))}
+    print("fp32 suffix-mode gate vs HF aLoRA fp32, max |dp|: " + ", ".join(f"{k} {v:.2e}" for k, v in figures.items()))
+    assert all(value <= 1e-4 for value in figures.values()), figures
+
+
+def test_a_branch_blind_to_the_cached_prefix_fails_the_reference_comparison(suffix_engines, loop, tiny_suffix) -> None:
+    control = suffix_engines(dtype="float32", branch="suffix-only")
+    gates = gate_prompts(control, 48, seed=3)
+    reference = HFReference(tiny_suffix.model_dir, tiny_suffix.adapter_dir, "float32").gate_probs(gates)
+    delta = float(np.abs(probs_of(gate_in_turn(control, loop, gates)) - reference).max())
+    print(f"negative control (suffix attends to itself only) vs HF fp32: max |dp| {delta:.3f}")
+    assert delta > 100 * 1e-4, "the comparison must catch a branch that ignores the cached K/V"
+
+
+def test_bf16_suffix_gate_beside_generations_is_within_bf16_of_fp32(bf16, loop, tiny_suffix) -> None:
+    """A random adapter's decisions sit on its thresholds: judged on |dp| against this machine's own bf16."""
+    gates = gate_prompts(bf16, 256, seed=4)
+    answers = [bf16.prompts.build(r.question, r.passages).answer for r in synthetic_requests(32, seed=5)]
+    shared = loop.run(shared_gate_probs(bf16, gates, answers))
+    fp32 = HFReference(tiny_suffix.model_dir, tiny_suffix.adapter_dir, "float32").gate_probs(gates)
+    hf_bf16 = HFReference(tiny_suffix.model_dir, tiny_suffix.adapter_dir, "bfloat16").gate_probs(gates)
+    thresholds = tiny_suffix.adapter.spec.thresholds
+    engine_dp, rounding = np.abs(shared - fp32).max(axis=1), np.abs(hf_bf16 - fp32).max(axis=1)
+    print(f"bf16 suffix gate vs HF fp32: {agreement(shared, fp32, thresholds)}\n"
+          f"HF bf16 vs HF fp32: {agreement(hf_bf16, fp32, thresholds)}")
+    # The engine and HF are two bf16 computations of one gate: neither strays further than twice the other.
+    assert engine_dp.max() <= 2 * rounding.max() and engine_dp.mean() <= 2 * rounding.mean()
+
+
+def test_stability_with_suffix_gates_in_the_batches(stock_eager, bf16, loop) -> None:
+    answers = [bf16.prompts.build(r.question, r.passages, r.conversation).answer for r in synthetic_requests(64, 1)]
+    result = loop.run(check_stability(stock_eager, bf16, answers, 128, gate_prompts(bf16, 64, seed=2)))
+    print(f"eager mixed, suffix-mode gates: {result}")
+    assert result.passed, result
+
+
+def test_chunked_into_16_token_steps_and_preempted_gates_give_the_same_probabilities(suffix_engines, bf16,
+                                                                                   loop) -> None:
+    block_bytes = BLOCK * 6 * 2 * 2 * 32 * 2  # tokens x layers x (K, V) x kv heads x head dim x bf16
+    cramped = suffix_engines(max_num_batched_tokens=16, max_num_seqs=8, kv_cache_memory_bytes=24 * block_bytes,
+                             max_model_len=512)
+    gates = gate_prompts(bf16, 24, seed=6)
+    assert max(len(g) for g in gates) > 8 * 16
+    assert loop.run(bf16.reset_prefix_cache())
+    expected = probs_of(gate_in_turn(bf16, loop, gates, reset_each=True))
+    answers = [bf16.prompts.build(r.question, r.passages).answer for r in synthetic_requests(12, seed=7)]
+
+    async def crowded():
+        work = [cramped.gate_prompt(g) for g in gates] + [cramped.generate(a, max_tokens=64, ignore_eos=True)
+                                                          for a in answers]
+        return (await asyncio.gather(*work))[: len(gates)]
+
+    before = loop.run(cramped.stats())["preemptions"]
+    got = crowded_outcomes = loop.run(crowded())
+    preempted = loop.run(cramped.stats())["preemptions"] - before
+    delta = float(np.abs(probs_of(got) - expected).max())
+    print(f"16-token steps, preempted ({preempted:.0f}), cache read by "
+          f"{sum(o.num_cached_tokens > 0 for o in crowded_outcomes)} of {len(gates)} vs uncached: max |dp| {delta:.2e}")
+    assert preempted > 0, "the KV pool was meant to force preemption"
+    assert delta <= 1e-3
+
+
+def test_kv_fault_drill_moves_suffix_gates_and_the_canaries_catch_it(bf16, loop, caplog) -> None:
+    canaries = Canaries(bf16, CanaryConfig(interval=0))
+    loop.run(canaries.record())
+    gate_canaries = {name for name, r in canaries.records.items() if isinstance(r, GateRecord)}
+    assert len(gate_canaries) == 3, canaries.records
+    assert loop.run(canaries.check()) == []  # their prefixes are cached now
+    try:
+        loop.run(bf16.inject_fault("kv", -1.0))  # every cached block's keys and values negated
+        with caplog.at_level(logging.ERROR, logger="gatehead.canary"):
+            mismatches = loop.run(canaries.check())
+        assert gate_canaries <= {m.canary for m in mismatches}, mismatches
+    finally:
+        assert loop.run(bf16.reset_prefix_cache())
+    assert loop.run(canaries.check()) == []
+
+
+def test_the_prefix_cache_read_stops_before_the_suffix_and_is_reported(bf16, loop) -> None:
+    [prompt] = gate_prompts(bf16, 1, seed=8)
+    assert loop.run(bf16.reset_prefix_cache())
+    first, again = gate_in_turn(bf16, loop, [prompt, prompt])
+    assert first.num_cached_tokens == 0 and again.num_cached_tokens == cap(prompt) > 0
+    assert again.result.probs == pytest.approx(first.result.probs, abs=1e-3)
+    # A generation over the gate prompt's opening fills the cache too; the gate then reads it.
+    opening = list(prompt[: 3 * BLOCK])
+    assert loop.run(bf16.reset_prefix_cache())
+    loop.run(bf16.generate(opening, max_tokens=1))
+    [after] = gate_in_turn(bf16, loop, [prompt])
+    assert after.num_cached_tokens == 3 * BLOCK
+    assert after.result.probs == pytest.approx(first.result.probs, abs=1e-3)
+
+
+def test_a_suffix_gate_engine_refuses_an_unreadable_kv_cache_at_start(tiny_suffix) -> None:
+    with pytest.raises(ValueError, match="'vec16' KV layout"):  # 16-token blocks select vLLM's vec16 CPU layout
+        SharedEngine(engine_config(tiny_suffix, block_size=16))
+    with pytest.raises(ValueError, match="kv_cache_dtype='fp8'"):
+        SharedEngine(engine_config(tiny_suffix, extra={"kv_cache_dtype": "fp8"}))
+
+
+def test_compile_mode_suffix_gate_matches_its_reference_beside_generations(suffix_engines, loop, tiny_suffix) -> None:
+    compiled = suffix_engines(dtype="float32", enforce_eager=False)
+    gates = gate_prompts(compiled, 32, seed=9)
+    answers = [compiled.prompts.build(r.question, r.passages).answer for r in synthetic_requests(16, seed=10)]
+    mixed = loop.run(shared_gate_probs(compiled, gates, answers))
+    cached = gate_in_turn(compiled, loop, gates)
+    assert [o.num_cached_tokens for o in cached] == [cap(g) for g in gates]
+    reference = HFReference(tiny_suffix.model_dir, tiny_suffix.adapter_dir, "float32").gate_probs(gates)
+    figures = (float(np.abs(mixed - reference).max()), float(np.abs(probs_of(cached) - reference).max()))
+    print(f"compile mode, fp32 suffix gate vs HF fp32: beside generations {figures[0]:.2e}, cached {figures[1]:.2e}")
+    assert max(figures) <= 1e-4, figures
