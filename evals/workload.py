@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from gatehead.gate.prompt import Passage, Turn
+from gatehead.gate.prompt import Passage, PromptBuilder, Turn
 
 _PRODUCTS = ["router", "battery", "premium plan", "laptop", "phone", "warranty", "subscription", "printer"]
 _FACTS = [
@@ -50,3 +50,10 @@ def synthetic_requests(n: int, seed: int = 0, max_passages: int = 3) -> list[Req
             if i % 3 == 0 else ()
         requests.append(Request(rng.choice(_QUESTIONS).format(p=product), passages, turns))
     return requests
+
+
+def synthetic_prompts(builder: PromptBuilder, n: int, seed: int = 0, kind: str = "gate") -> list[tuple[int, ...]]:
+    """The `kind` ("gate" or "answer") prompts of `synthetic_requests(n, seed)`, laid out by `builder`."""
+    if kind not in ("gate", "answer"):
+        raise ValueError(f"kind must be 'gate' or 'answer', got {kind!r}")
+    return [getattr(builder.build(r.question, r.passages, r.conversation), kind) for r in synthetic_requests(n, seed)]

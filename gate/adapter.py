@@ -175,8 +175,7 @@ def lora_config(num_layers: int, k: int = DEFAULT_K, rank: int = 8, alpha: float
         raise ValueError(f"k={k} must be in [1, {num_layers - 1}] for a {num_layers}-layer model")
     if invocation_tokens is not None and not invocation_tokens:
         raise ValueError("a suffix-mode adapter needs at least one invocation token")
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*aLoRA.*")
+    with quiet_alora():
         return LoraConfig(
             task_type=TaskType.SEQ_CLS,
             r=rank,
@@ -189,6 +188,14 @@ def lora_config(num_layers: int, k: int = DEFAULT_K, rank: int = 8, alpha: float
             bias="none",
             alora_invocation_tokens=None if invocation_tokens is None else [int(t) for t in invocation_tokens],
         )
+
+
+@contextmanager
+def quiet_alora() -> Iterator[None]:
+    """PEFT's warning that aLoRA is documented for causal LMs only, silenced (see `lora_config`)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*aLoRA.*")
+        yield
 
 
 def alora_offsets(prompts: Sequence[Sequence[int]], invocation_tokens: Sequence[int], length: int) -> list[int]:

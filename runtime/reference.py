@@ -11,14 +11,13 @@ Either in fp32 or bf16, on CPU or CUDA. It is slow by design and is not a servin
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
-from gatehead.gate.adapter import GateAdapter, alora_offsets, load_gate_adapter
+from gatehead.gate.adapter import GateAdapter, alora_offsets, load_gate_adapter, quiet_alora
 from gatehead.gate.metrics import softmax
 from gatehead.gate.policy import LABELS, GateResult, Thresholds, gate_result
 from gatehead.gate.prompt import Passage, PromptBuilder, PromptConfig, Turn
@@ -111,8 +110,7 @@ class HFReference:
 
             if not self.merged:
                 base = load_classifier(self.model_dir, self.adapter.spec.labels, self.dtype)
-                with warnings.catch_warnings():  # PEFT documents aLoRA for causal LMs (see gate.adapter.lora_config)
-                    warnings.filterwarnings("ignore", message=".*aLoRA.*")
+                with quiet_alora():
                     model = PeftModel.from_pretrained(base, self.adapter.path)
                 self._gate = model.to(device=self.device, dtype=self._torch_dtype()).eval()
             else:

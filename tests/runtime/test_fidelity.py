@@ -7,7 +7,7 @@ import pytest
 
 from gatehead.evals.agreement import agreement, bf16_bounds, dedicated_gate_probs, shared_gate_probs
 from gatehead.evals.stability import check_stability
-from gatehead.evals.workload import synthetic_requests
+from gatehead.evals.workload import synthetic_prompts
 from gatehead.runtime.dedicated import export_dedicated
 from gatehead.runtime.engine import SharedEngine
 from gatehead.runtime.reference import HFReference
@@ -15,11 +15,6 @@ from gatehead.runtime.tiny import TinyModel
 
 N_STABILITY = 64
 N_AGREEMENT = 256
-
-
-def prompts(engine: SharedEngine, n: int, seed: int, kind: str) -> list[tuple[int, ...]]:
-    built = [engine.prompts.build(r.question, r.passages, r.conversation) for r in synthetic_requests(n, seed)]
-    return [getattr(b, kind) for b in built]
 
 
 @pytest.fixture(scope="module")
@@ -30,15 +25,15 @@ def perturbed_eager(engines) -> SharedEngine:
 
 @pytest.mark.parametrize("mixed", [False, True], ids=["plain", "mixed"])
 def test_stability_eager(stock_eager, shared_eager, loop, mixed: bool) -> None:
-    answers = prompts(shared_eager, N_STABILITY, seed=1, kind="answer")
-    gates = prompts(shared_eager, N_STABILITY, seed=2, kind="gate") if mixed else []
+    answers = synthetic_prompts(shared_eager.prompts, N_STABILITY, 1, "answer")
+    gates = synthetic_prompts(shared_eager.prompts, N_STABILITY, 2, "gate") if mixed else []
     result = loop.run(check_stability(stock_eager, shared_eager, answers, 128, gates))
     print(f"eager {'mixed' if mixed else 'plain'}: {result}")
     assert result.passed, result
 
 
 def test_perturbed_tap_fails_the_stability_check(stock_eager, perturbed_eager, loop) -> None:
-    answers = prompts(perturbed_eager, N_STABILITY, seed=1, kind="answer")
+    answers = synthetic_prompts(perturbed_eager.prompts, N_STABILITY, 1, "answer")
     result = loop.run(check_stability(stock_eager, perturbed_eager, answers, 128))
     print(f"perturbed tap: {result}")
     assert not result.passed
@@ -52,8 +47,8 @@ def test_gate_agreement_with_dedicated_engine_and_references(shared_eager, loop,
     CPU's bf16 path (AMX, AVX-512 BF16, emulated). Flips are judged on the trained demo gate
     (`test_demo_fidelity.py`).
     """
-    gates = prompts(shared_eager, N_AGREEMENT, seed=3, kind="gate")
-    generations = prompts(shared_eager, 32, seed=4, kind="answer")
+    gates = synthetic_prompts(shared_eager.prompts, N_AGREEMENT, 3, "gate")
+    generations = synthetic_prompts(shared_eager.prompts, 32, 4, "answer")
     shared = loop.run(shared_gate_probs(shared_eager, gates, generations))
     export = export_dedicated(tiny.model_dir, tiny.adapter_dir, tmp_path / "dedicated")
     dedicated = dedicated_gate_probs(export, gates, tiny.adapter.spec.labels, dtype="bfloat16",

