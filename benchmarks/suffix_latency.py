@@ -23,19 +23,18 @@ from pathlib import Path
 
 
 def long_gate_prompt(engine, tokens: int) -> list[int]:
-    """A demo question over as many retrieved demo passages as fit in about `tokens` prompt tokens."""
+    """A demo question over distinct retrieved demo passages, added while the gate prompt stays within `tokens`."""
     from gatehead.demo.build import held_out_examples
 
     examples = held_out_examples()
-    passages = []
-    prompt = engine.prompts.build(examples[0].question, passages).gate
-    for example in examples:
-        for passage in example.passages:
-            trial = engine.prompts.build(examples[0].question, [*passages, passage]).gate
-            if len(trial) > tokens or passage in passages:
-                continue
-            passages.append(passage)
-            prompt = trial
+    question, passages = examples[0].question, []
+    prompt = engine.prompts.build(question, passages).gate
+    for passage in dict.fromkeys(p for e in examples for p in e.passages):
+        trial = engine.prompts.build(question, [*passages, passage]).gate
+        if len(trial) > tokens or len(trial) <= len(prompt):  # too long, or the builder dropped a passage
+            break
+        passages.append(passage)
+        prompt = trial
     return list(prompt)
 
 
