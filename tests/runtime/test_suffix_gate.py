@@ -147,14 +147,30 @@ def test_chunked_into_16_token_steps_and_preempted_gates_give_the_same_probabili
                                                           for a in answers]
         return (await asyncio.gather(*work))[: len(gates)]
 
-    before = loop.run(cramped.stats())["preemptions"]
-    got = crowded_outcomes = loop.run(crowded())
-    preempted = loop.run(cramped.stats())["preemptions"] - before
-    delta = float(np.abs(probs_of(got) - expected).max())
-    print(f"16-token steps, preempted ({preempted:.0f}), cache read by "
-          f"{sum(o.num_cached_tokens > 0 for o in crowded_outcomes)} of {len(gates)} vs uncached: max |dp| {delta:.2e}")
-    assert preempted > 0, "the KV pool was meant to force preemption"
-    assert delta <= 1e-3
+    async def cut():
+        """The gates alone, with vLLM's forced preemption of every running request (the prefix cache
+        dropped too) while one of them is prefilling, until a gate's prefill was cut and started over."""
+        pending = [asyncio.ensure_future(cramped.gate_prompt(g)) for g in gates]
+        start = (await cramped.stats())["gate_restarts"]
+        while not all(t.done() for t in pending) and (await cramped.stats())["gate_restarts"] == start:
+            await asyncio.sleep(0.05)
+            await cramped.llm.reset_prefix_cache(reset_running_requests=True)
+        return await asyncio.gather(*pending)
+
+    before = loop.run(cramped.stats())
+    mixed = loop.run(crowded())
+    middle = loop.run(cramped.stats())
+    preempted = loop.run(cut())
+    after = loop.run(cramped.stats())
+    deltas = [float(np.abs(probs_of(got) - expected).max()) for got in (mixed, preempted)]
+    print(f"16-token steps beside generations: {middle['preemptions'] - before['preemptions']:.0f} preemptions, "
+          f"cache read by {sum(o.num_cached_tokens > 0 for o in mixed)} of {len(gates)} gates, vs uncached max |dp| "
+          f"{deltas[0]:.2e}; gates preempted: {after['gate_restarts'] - middle['gate_restarts']:.0f} prefills started "
+          f"over, vs uncached max |dp| {deltas[1]:.2e}")
+    assert middle["preemptions"] > before["preemptions"], "the KV pool was meant to force preemption"
+    assert sum(o.num_cached_tokens > 0 for o in mixed) >= len(gates) // 2
+    assert after["gate_restarts"] > middle["gate_restarts"], "a gate's prefill was meant to be cut"
+    assert max(deltas) <= 1e-3, deltas
 
 
 def test_kv_fault_drill_moves_suffix_gates_and_the_canaries_catch_it(bf16, loop, caplog) -> None:
@@ -174,7 +190,9 @@ def test_kv_fault_drill_moves_suffix_gates_and_the_canaries_catch_it(bf16, loop,
 
 
 def test_the_prefix_cache_read_stops_before_the_suffix_and_is_reported(bf16, loop) -> None:
-    [prompt] = synthetic_prompts(bf16.prompts, 1, 8)
+    # A suffix across a block boundary: vLLM alone would read the block holding the suffix's first tokens.
+    prompt = next(p for p in synthetic_prompts(bf16.prompts, 400, 8) if len(p) % BLOCK == 1 and len(p) > 4 * BLOCK)
+    assert cap(prompt) < (len(prompt) - 1) // BLOCK * BLOCK
     assert loop.run(bf16.reset_prefix_cache())
     first, again = gate_in_turn(bf16, loop, [prompt, prompt])
     assert first.num_cached_tokens == 0 and again.num_cached_tokens == cap(prompt) > 0
@@ -191,8 +209,10 @@ def test_the_prefix_cache_read_stops_before_the_suffix_and_is_reported(bf16, loo
 def test_a_suffix_gate_engine_refuses_an_unreadable_kv_cache_at_start(tiny_suffix) -> None:
     with pytest.raises(ValueError, match="'vec16' KV layout"):  # 16-token blocks select vLLM's vec16 CPU layout
         SharedEngine(engine_config(tiny_suffix, block_size=16))
-    with pytest.raises(ValueError, match="kv_cache_dtype='fp8'"):
-        SharedEngine(engine_config(tiny_suffix, extra={"kv_cache_dtype": "fp8"}))
+    with pytest.raises(ValueError, match="kv_cache_dtype='fp8'"):  # at vLLM's default block size
+        SharedEngine(engine_config(tiny_suffix, block_size=None, extra={"kv_cache_dtype": "fp8"}))
+    with pytest.raises(ValueError, match="kv_offloading_size would load them"):
+        SharedEngine(engine_config(tiny_suffix, extra={"kv_offloading_size": 1.0}))
 
 
 def test_compile_mode_suffix_gate_matches_its_reference_beside_generations(suffix_engines, loop, tiny_suffix) -> None:
