@@ -104,6 +104,17 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
 
 
 @pytest.fixture(scope="session")
+def tiny_suffix(tmp_path_factory: pytest.TempPathFactory, tiny: TinyModel) -> TinyModel:
+    """`tiny`'s base model (the same seed, byte for byte) with a random suffix-mode adapter, a 3-token suffix:
+    stock engines on `tiny` are its baselines."""
+    built = build_tiny(tmp_path_factory.mktemp("tiny-suffix"), TinySpec(activation="suffix", suffix_length=3))
+    for name in ("model.safetensors", "tokenizer.json"):
+        assert (built.model_dir / name).read_bytes() == (tiny.model_dir / name).read_bytes(), name
+    assert built.adapter.suffix_mode and len(built.adapter.invocation_tokens) == 3
+    return built
+
+
+@pytest.fixture(scope="session")
 def tiny_other(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
     """Same shape as `tiny`, other weights: a wrong base for `tiny`'s adapter."""
     return build_tiny(tmp_path_factory.mktemp("tiny-other"), TinySpec(seed=1))

@@ -16,9 +16,9 @@ from gatehead.evals.workload import synthetic_prompts, synthetic_requests
 from gatehead.runtime.canary import Canaries, CanaryConfig, GateRecord
 from gatehead.runtime.engine import EngineConfig, SharedEngine
 from gatehead.runtime.reference import HFReference
-from gatehead.runtime.tiny import TinyModel, TinySpec, build_tiny
+from gatehead.runtime.tiny import TinyModel
 
-SUFFIX_LENGTH = 3
+SUFFIX_LENGTH = 3  # tiny_suffix's (tests/conftest.py)
 BLOCK = 32
 
 
@@ -26,17 +26,6 @@ def engine_config(tiny: TinyModel, **overrides) -> EngineConfig:
     """The runtime tests' engine shape (tests/runtime/conftest.py): bf16, 1k context, 32-token blocks."""
     return EngineConfig(**{**dict(model=tiny.model_dir, adapter=tiny.adapter_dir, kv_cache_memory_bytes=128 << 20,
                                   enforce_eager=True, block_size=BLOCK, max_model_len=1024), **overrides})
-
-
-@pytest.fixture(scope="module")
-def tiny_suffix(tmp_path_factory, tiny: TinyModel) -> TinyModel:
-    """`tiny`'s base model (the same seed, byte for byte) with a random suffix-mode adapter, a 3-token suffix."""
-    built = build_tiny(tmp_path_factory.mktemp("tiny-suffix"), TinySpec(activation="suffix",
-                                                                        suffix_length=SUFFIX_LENGTH))
-    for name in ("model.safetensors", "tokenizer.json"):
-        assert (built.model_dir / name).read_bytes() == (tiny.model_dir / name).read_bytes(), name
-    assert built.adapter.suffix_mode and len(built.adapter.invocation_tokens) == SUFFIX_LENGTH
-    return built
 
 
 @pytest.fixture(scope="module")
