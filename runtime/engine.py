@@ -409,26 +409,17 @@ def _refuse_unsupported(extra: dict[str, Any]) -> None:
 def _check_kv_readable(config: EngineConfig, hf_config: Any) -> None:
     """A suffix-mode gate reads the paged KV cache: refuse here, before any process starts, a layout the
     branch cannot read (the engine's worker checks again, with the layout vLLM picked, and self-tests it)."""
-    from vllm.platforms import current_platform
-
-    if not current_platform.is_cpu():
-        raise ValueError("suffix-mode gates read vLLM's CPU paged KV layout, which this platform does not use: "
-                         "serve a prompt-mode gate adapter here instead")
     offloaded = [name for name in ("kv_transfer_config", "kv_offloading_size") if config.extra.get(name)]
     if offloaded:
         raise ValueError(f"suffix-mode gates compute their suffix rows in the engine, and {', '.join(offloaded)} "
                          f"would load them from elsewhere: start without it, or serve a prompt-mode gate adapter")
-    block_size = config.block_size or config.extra.get("block_size") or CPU_DEFAULT_BLOCK_SIZE
     import torch
-    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 
     from gatehead.runtime import paged_kv
 
-    dtype = getattr(torch, config.dtype)
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
-    cache_dtype = config.extra.get("kv_cache_dtype", "auto")
-    isa = _get_attn_isa(dtype, block_size, head_dim, cache_dtype)
-    paged_kv.check_readable(isa, dtype, cache_dtype, block_size, head_dim)
+    paged_kv.readable_layout(getattr(torch, config.dtype), config.extra.get("kv_cache_dtype", "auto"),
+                             config.block_size or config.extra.get("block_size") or CPU_DEFAULT_BLOCK_SIZE, head_dim)
 
 
 def _prompt(ids: list[int], cache_salt: str | None) -> dict[str, Any]:

@@ -257,12 +257,7 @@ def _attention_in_fp32(vllm_config, layer: nn.Module) -> bool:
 def _check_kv_readable(vllm_config, layer: nn.Module) -> None:
     """Suffix mode reads the base K/V from vLLM's paged cache: refuse, at start and with the fix, any
     configuration whose cache the branch cannot read (`gatehead.runtime.paged_kv`)."""
-    from vllm.platforms import current_platform
-
     fix = "serve a prompt-mode gate adapter here instead"
-    if not current_platform.is_cpu():
-        raise ValueError(f"suffix-mode gates read vLLM's CPU paged KV layout, and this engine runs on "
-                         f"{current_platform.device_name}, whose layout gatehead does not read yet: {fix}")
     model_config, cache = vllm_config.model_config, vllm_config.cache_config
     if model_config.get_sliding_window() is not None:
         raise ValueError(f"suffix-mode gates attend to every prefix position, and this model has sliding-window "
@@ -271,11 +266,8 @@ def _check_kv_readable(vllm_config, layer: nn.Module) -> None:
     if kinds != {"full_attention"}:
         raise ValueError(f"suffix-mode gates read full-attention KV caches only, and this model has {sorted(kinds)} "
                          f"layers: {fix}")
-    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
-
     attn = layer.self_attn
-    isa = _get_attn_isa(model_config.dtype, cache.block_size, attn.head_dim, cache.cache_dtype)
-    paged_kv.check_readable(isa, model_config.dtype, cache.cache_dtype, cache.block_size, attn.head_dim)
+    isa = paged_kv.readable_layout(model_config.dtype, cache.cache_dtype, cache.block_size, attn.head_dim)
     paged_kv.self_test(isa, model_config.dtype, attn.num_kv_heads, cache.block_size, attn.head_dim)
 
 

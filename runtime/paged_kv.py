@@ -40,6 +40,21 @@ def check_readable(isa: str, dtype: torch.dtype, cache_dtype: str, block_size: i
                          f"not dtype={dtype}, block_size={block_size}, head_dim={head_dim}")
 
 
+def readable_layout(dtype: torch.dtype, cache_dtype: str, block_size: int, head_dim: int) -> str:
+    """The KV layout (`isa`) vLLM's CPU attention picks for this configuration; ValueError, naming the fix,
+    off CPU or when the branch cannot read it. The engine's client and its worker both ask."""
+    from vllm.platforms import current_platform
+    from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
+
+    if not current_platform.is_cpu():
+        raise ValueError(f"suffix-mode gates read vLLM's CPU paged KV layout, and this engine runs on "
+                         f"{current_platform.device_name}, whose layout gatehead does not read yet: serve a "
+                         f"prompt-mode gate adapter here instead")
+    isa = _get_attn_isa(dtype, block_size, head_dim, cache_dtype)
+    check_readable(isa, dtype, cache_dtype, block_size, head_dim)
+    return isa
+
+
 def key_value_pages(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The key and value page views of one layer's cache, as the CPU backend makes them: [B, H, N, D] each."""
     blocks, heads, block_size, _ = kv_cache.shape
