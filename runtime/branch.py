@@ -84,6 +84,7 @@ class GateBranch(nn.Module):
         self.scaling = adapter.scaling
         self.lora_names: dict[tuple[int, str], tuple[str, str]] = {}
         self.tp_size, self.tp_rank = _tensor_parallel()
+        self._cos_sin_fp32: dict[int, torch.Tensor] = {}  # see `_rotary`
         weights = load_file(Path(adapter.path) / ADAPTER_WEIGHTS, device=str(device))
         for key, tensor in weights.items():
             match = _LORA_KEY.search(key)
@@ -165,7 +166,7 @@ class GateBranch(nn.Module):
         if hasattr(attn, "q_norm"):  # Qwen3's per-head norms
             q = attn.q_norm(q.reshape(n, -1, head_dim)).reshape(n, -1)
             k = attn.k_norm(k.reshape(n, -1, head_dim)).reshape(n, -1)
-        q, k = attn.rotary_emb(positions, q, k)
+        q, k = self._rotary(attn.rotary_emb, positions, q, k)
         if last_only:
             q = q[-1:]
         q = q.reshape(q.shape[0], attn.num_heads, head_dim).transpose(0, 1)  # [H, Lq, D]
@@ -192,6 +193,30 @@ class GateBranch(nn.Module):
         o, _ = attn.o_proj(out)
         delta = self._lora(index, "o_proj", out, reduce=True)
         return o if delta is None else (o.float() + delta).to(o.dtype)
+
+    def _rotary(self, rotary: nn.Module, positions: torch.Tensor, q: torch.Tensor,
+                k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`rotary(positions, q, k)`, computed in fp32 and rounded once to the dtype on CPUs.
+
+        vLLM's CPU rotary kernel for CPUs without AVX-512 BF16 (its `_C_AVX512` build) rounds its fp32
+        result to bf16 toward zero, not to nearest, which biases every rotated value (measured: all of
+        them match truncation there, and round-to-nearest on `_C`). Called on fp32 tensors the same
+        kernel rounds nothing, and `.to(dtype)` rounds to nearest, as `_C`'s bf16 kernel does: the
+        same values where the CPU has bf16, the correctly rounded ones where it has not.
+        """
+        from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+
+        plain = type(rotary).forward_cpu is RotaryEmbedding.forward_cpu
+        if q.device.type != "cpu" or q.dtype == torch.float32 or not plain:
+            return rotary(positions, q, k)
+        from vllm import _custom_ops as ops
+
+        cache = self._cos_sin_fp32.get(id(rotary))
+        if cache is None:  # the model's cos/sin values (already rounded to its dtype), held in fp32
+            cache = self._cos_sin_fp32[id(rotary)] = rotary.cos_sin_cache.float()
+        q32, k32 = q.float(), k.float()
+        ops.rotary_embedding(positions, q32, k32, rotary.head_size, cache, rotary.is_neox_style)
+        return q32.to(q.dtype), k32.to(k.dtype)
 
     def _mlp(self, index: int, mlp: nn.Module, h: torch.Tensor) -> torch.Tensor:
         gate_up, _ = mlp.gate_up_proj(h)
