@@ -46,8 +46,9 @@ def test_demo_suffix_gate_agrees_with_its_reference_cached_and_beside_generation
           f"demo suffix gate, cached vs first: {agreement(again, first, thresholds)}\n"
           f"demo HF bf16 vs HF fp32 (suffix gate): {agreement(bf16, fp32, thresholds)}")
     assert len(vs_fp32.mix_a) == 3, f"the demo gate should use all three decisions: {vs_fp32.mix_a}"
-    # 0.02 (issue 25), or bf16's own distance from fp32 on this machine where that is larger: where bf16 is
-    # emulated the engine measured 0.0202 and a constant bound would fail on the CPU, not on the gate.
+    # 0.02 (issue 25), or bf16's own distance from fp32 on this machine where that is larger. Where bf16 is
+    # emulated the engine measured 0.0198 (HF bf16 0.0161): vLLM's kernels there round toward zero in the
+    # base forward the branch reads (docs/activated-gate-research.md); natively 0.0124.
     bound = max(0.02, agreement(bf16, fp32, thresholds).max_dp)
     for figures in (vs_fp32, cached_vs_fp32):
         assert figures.flips == 0 and figures.max_dp <= bound, (figures, bound)
