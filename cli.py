@@ -476,7 +476,9 @@ def _bench(args: argparse.Namespace) -> int:
 
     if (args.model in ("demo", "random")) == bool(args.adapter):
         raise ValueError("--adapter goes with --model PATH, and only with it")
-    for name in ("questions", "threads", "answer_tokens", "prefix_repeats"):
+    if args.suffix_adapter and args.model in ("demo", "random"):
+        raise ValueError("--suffix-adapter goes with --model PATH (demo and random bring their own)")
+    for name in ("questions", "threads", "answer_tokens", "prefix_repeats", "runs"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
     if any(c < 1 for c in args.concurrency):
@@ -749,22 +751,26 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--limit", type=int)
     p.set_defaults(func=_eval)
 
-    p = commands.add_parser("bench", help="side-by-side benchmarks: shared engine vs two engines vs no gate",
+    p = commands.add_parser("bench", help="side-by-side benchmarks: the shared engine's gates against their peers",
                             description="Runs benchmarks/side_by_side.py (its docstring says what is measured).")
     p.add_argument("--model", default="demo", help="demo | random (a 0.36 B random Qwen3, built on first use) "
                    "| a model folder (with --adapter)")
-    p.add_argument("--adapter", help="the gate adapter of --model PATH")
+    p.add_argument("--adapter", help="the prompt-mode gate adapter of --model PATH")
+    p.add_argument("--suffix-adapter", help="a suffix-mode gate adapter of --model PATH (setup (a'))")
     p.add_argument("--random-dir", default=".cache/bench-random", help="where --model random is built and kept")
+    p.add_argument("--setups", nargs="+", choices=["a_prompt", "a_suffix", "b_two_engines", "c_ungated", "d_judge"],
+                   help="default: all (a' where a suffix-mode adapter is known)")
     p.add_argument("--workloads", nargs="+", default=["single", "multi", "prefix", "memory"],
                    choices=["single", "multi", "prefix", "memory"])
+    p.add_argument("--runs", type=int, default=3, help="runs of every workload per setup (medians, min, max)")
     p.add_argument("--questions", type=int, default=24, help="single-turn turns per concurrency level")
-    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
     p.add_argument("--threads", type=int, default=2, help="5-turn threads in the multi-turn workload")
     p.add_argument("--answer-tokens", type=int, default=64, help="answer budget per turn")
-    p.add_argument("--prefix-repeats", type=int, default=3)
+    p.add_argument("--prefix-repeats", type=int, default=1, help="per run and prefix length")
     p.add_argument("--memory-fraction", type=float, default=0.1,
                    help="KV memory of the shared engine; (b) gives each of its two engines half")
-    p.add_argument("--max-model-len", type=int, help="default: 2048 (demo), 4608 (random)")
+    p.add_argument("--max-model-len", type=int, help="default: 2048 (demo), 8704 (random)")
     p.add_argument("--block-size", type=int)
     p.add_argument("--compile", action="store_true", help="vLLM compile mode instead of eager")
     p.add_argument("--cores", default=f"0-{(os.cpu_count() or 1) - 1}", help="cores every setup uses (default all)")

@@ -7,9 +7,20 @@ intermediate 19456: 26.7 B parameters) with random bf16 weights on one GPU. Meas
   prompt's tapped rows, with LoRA (r=8) on q/k/v/o/gate/up/down applied unmerged, the last layer on
   the last row only, then norm and head (the `GateBranch` arithmetic);
 - the weights memory of one copy (the shared engine: base + LoRA + head) and of two (generation +
-  dedicated gate: the base again without its LM head, plus the head), from the tensors' bytes.
+  dedicated gate: the base again without its LM head, plus the head), from the tensors' bytes;
+- a suffix-mode (activated) gate after a cached prefix of 2k and 8k tokens: the branch over the 4 suffix
+  rows, each layer's queries attending to the prefix's K/V read from a paged cache (16-token blocks in
+  shuffled order, gathered through a block table) and to the suffix's own, against the dedicated gate's
+  full forward of the same prompt (eagerly, and replayed as one CUDA graph, as a serving engine would);
+- the batched prompt-mode branch: 8 gate prompts of 512 to 2,048 tokens, and 8 of 64 to 256, in one
+  pass (padded, with a mask keeping each request on its own keys, as `GateBranch.forward_batch`)
+  against 8 sequential passes.
+`--smoke` (any machine, a tiny shape) checks the arithmetic: with zero LoRA the branch, the suffix branch
+on the cached K/V and the batched branch all give the full forward's head logits.
 Run by hand on a CUDA machine with torch and transformers (no vLLM): `python benchmarks/gpu_branch.py`.
-Prints one JSON object. Absolute times are this GPU's; the ratios are the point.
+Prints one JSON object. Absolute times are this GPU's; the ratios are the point. Each time is the median
+of 5 timed repeats; `--combine A.json B.json C.json` merges separate runs into one object whose every
+number is {median, min, max} over the runs.
 """
 
 from __future__ import annotations
@@ -25,6 +36,10 @@ SHAPE = dict(hidden_size=5120, num_hidden_layers=64, num_attention_heads=64, num
              intermediate_size=19456, vocab_size=151936, max_position_embeddings=16384)
 K, RANK = 4, 8
 LENGTHS = (512, 2048, 8192)
+SUFFIX, BLOCK = 4, 16  # suffix rows of an activated gate; paged-cache block size
+PREFIXES = (2048, 8192)
+BATCH_LENGTHS = {"long": (512, 768, 1024, 1280, 1536, 1792, 2048, 1024),  # the batched prompt-mode passes
+                 "short": (64, 96, 128, 160, 192, 224, 256, 128)}
 
 
 def build(config, device):
@@ -71,38 +86,156 @@ def lora(hidden: int, outs: dict[str, int], device) -> dict[str, tuple[torch.Ten
 @torch.inference_mode()
 def branch(model, rows: torch.Tensor, adapters, head: torch.Tensor) -> torch.Tensor:
     """The gate branch on one prompt's tapped rows [L, hidden]: k layers with unmerged LoRA, norm, head."""
+    return batched_branch(model, [rows], adapters, head)
+
+
+def _lora(x: torch.Tensor, pair) -> torch.Tensor:
+    return (x @ pair[0].T) @ pair[1].T * 2
+
+
+def _attention(layer, a, h: torch.Tensor, cos, sin, attend) -> torch.Tensor:
+    """One branch layer on rows h [T, hidden]; `attend(q, k, v)` [H|Hkv, T, D] -> [H, Tq, D]."""
+    attn, n = layer.self_attn, h.shape[0]
+    x = layer.input_layernorm(h)
+    q = attn.q_proj(x) + _lora(x, a["q"])
+    k = attn.k_proj(x) + _lora(x, a["k"])
+    v = attn.v_proj(x) + _lora(x, a["v"])
+    q = attn.q_norm(q.view(n, -1, attn.head_dim)).transpose(0, 1)
+    k = attn.k_norm(k.view(n, -1, attn.head_dim)).transpose(0, 1)
+    v = v.view(n, -1, attn.head_dim).transpose(0, 1)
+    q, k = q * cos + _rotate(q) * sin, k * cos + _rotate(k) * sin
+    o = attend(q, k, v)
+    o = o.transpose(0, 1).reshape(o.shape[1], -1)
+    return attn.o_proj(o) + _lora(o, a["o"])
+
+
+def _finish(layer, a, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
+    h = h + o
+    x = layer.post_attention_layernorm(h)
+    mlp = layer.mlp
+    m = F.silu(mlp.gate_proj(x) + _lora(x, a["gate"])) * (mlp.up_proj(x) + _lora(x, a["up"]))
+    return h + mlp.down_proj(m) + _lora(m, a["down"])
+
+
+@torch.inference_mode()
+def batched_branch(model, prompts: list[torch.Tensor], adapters, head: torch.Tensor) -> torch.Tensor:
+    """The branch on B prompts' tapped rows in one pass: rows packed [T, hidden] for the projections and
+    MLP, attention padded to [B, L_max] with a mask keeping each prompt's queries causal on its own keys."""
+    layers = model.model.layers[-K:]
+    lengths = [p.shape[0] for p in prompts]
+    batch, longest, device = len(prompts), max(lengths), prompts[0].device
+    even = len(set(lengths)) == 1
+    request = torch.cat([torch.full((n,), b, device=device) for b, n in enumerate(lengths)])
+    slot = torch.cat([torch.arange(n, device=device) for n in lengths])
+    last = torch.tensor(lengths, device=device).cumsum(0) - 1
+    cos, sin = model.model.rotary_emb(prompts[0][None], slot[None])
+    cos, sin = cos[0][None], sin[0][None]  # [1, T, D]
+    keys = torch.arange(longest, device=device)
+    visible = torch.minimum(keys[None, :], torch.tensor(lengths, device=device)[:, None] - 1)  # [B, L]
+    mask = (keys[None, None, :] <= visible[:, :, None])[:, None]  # [B, 1, L, L]
+    last_mask = (keys[None, :] <= torch.tensor(lengths, device=device)[:, None] - 1)[:, None, None]
+    h = torch.cat(prompts)
+    for i, layer in enumerate(layers):
+        final = i == K - 1
+
+        def attend(q, k, v, final=final):
+            def pad(x):  # [heads, T, D] -> [B, heads, L, D]
+                out = x.new_zeros(batch, longest, x.shape[0], x.shape[2])
+                out[request, slot] = x.transpose(0, 1)
+                return out.transpose(1, 2)
+
+            keys_, values = pad(k), pad(v)
+            if final:  # the last row of each prompt only
+                queries = q[:, last].transpose(0, 1)[:, :, None]  # [B, H, 1, D]
+                o = F.scaled_dot_product_attention(queries, keys_, values, attn_mask=None if even else last_mask,
+                                                   enable_gqa=True)
+                return o[:, :, 0].transpose(0, 1)  # [H, B, D]
+            # Prompts of one length need no mask beyond causality: the flash kernels take them.
+            o = F.scaled_dot_product_attention(pad(q), keys_, values, attn_mask=None if even else mask,
+                                               is_causal=even, enable_gqa=True)
+            return o.transpose(1, 2)[request, slot].transpose(0, 1)  # [H, T, D]
+
+        o = _attention(layer, adapters[i], h, cos, sin, attend)
+        h = _finish(layer, adapters[i], h[last] if final else h, o)
+    return model.model.norm(h).float() @ head.T  # [B, 3]
+
+
+@torch.inference_mode()
+def suffix_branch(model, rows: torch.Tensor, start: int, caches, table: torch.Tensor, adapters,
+                  head: torch.Tensor) -> torch.Tensor:
+    """A suffix-mode gate: the suffix's tapped rows [S, hidden] at positions start.., each layer attending to
+    the prefix's K/V in that layer's paged cache ([blocks, BLOCK, Hkv, D] each, read through `table`) and,
+    causally, to the suffix's own."""
     layers = model.model.layers[-K:]
     n = rows.shape[0]
-    positions = torch.arange(n, device=rows.device)[None]
+    positions = torch.arange(start, start + n, device=rows.device)[None]
     cos, sin = model.model.rotary_emb(rows[None], positions)
+    cos, sin = cos[0][None], sin[0][None]
+    mask = torch.ones(n, start + n, dtype=torch.bool, device=rows.device)
+    mask[:, start:] = torch.ones(n, n, dtype=torch.bool, device=rows.device).tril()
     h = rows
     for i, layer in enumerate(layers):
-        last = i == K - 1
-        a = adapters[i]
-        attn = layer.self_attn
-        x = layer.input_layernorm(h)
-        q = attn.q_proj(x) + (x @ a["q"][0].T) @ a["q"][1].T * 2
-        k = attn.k_proj(x) + (x @ a["k"][0].T) @ a["k"][1].T * 2
-        v = attn.v_proj(x) + (x @ a["v"][0].T) @ a["v"][1].T * 2
-        q = attn.q_norm(q.view(n, -1, attn.head_dim)).transpose(0, 1)
-        k = attn.k_norm(k.view(n, -1, attn.head_dim)).transpose(0, 1)
-        v = v.view(n, -1, attn.head_dim).transpose(0, 1)
-        c, s = cos[0][None], sin[0][None]
-        q = q * c + _rotate(q) * s
-        k = k * c + _rotate(k) * s
-        if last:
-            q = q[:, -1:]
-        o = F.scaled_dot_product_attention(q[None], k[None], v[None], is_causal=not last, enable_gqa=True)[0]
-        o = o.transpose(0, 1).reshape(q.shape[1], -1)
-        o = attn.o_proj(o) + (o @ a["o"][0].T) @ a["o"][1].T * 2
-        h = (h[-1:] if last else h) + o
-        x = layer.post_attention_layernorm(h)
-        mlp = layer.mlp
-        g = mlp.gate_proj(x) + (x @ a["gate"][0].T) @ a["gate"][1].T * 2
-        u = mlp.up_proj(x) + (x @ a["up"][0].T) @ a["up"][1].T * 2
-        m = F.silu(g) * u
-        h = h + mlp.down_proj(m) + (m @ a["down"][0].T) @ a["down"][1].T * 2
-    return model.model.norm(h[-1:]).float() @ head.T
+        final = i == K - 1
+        key_cache, value_cache = caches[i]
+
+        def attend(q, k, v, key_cache=key_cache, value_cache=value_cache, final=final):
+            cached_k = key_cache[table].flatten(0, 1)[:start].transpose(0, 1)  # [Hkv, P, D]
+            cached_v = value_cache[table].flatten(0, 1)[:start].transpose(0, 1)
+            keys, values = torch.cat([cached_k, k], dim=1), torch.cat([cached_v, v], dim=1)
+            if final:
+                return F.scaled_dot_product_attention(q[None, :, -1:], keys[None], values[None], enable_gqa=True)[0]
+            return F.scaled_dot_product_attention(q[None], keys[None], values[None], attn_mask=mask,
+                                                  enable_gqa=True)[0]
+
+        o = _attention(layer, adapters[i], h, cos, sin, attend)
+        h = _finish(layer, adapters[i], h[-1:] if final else h, o)
+    return model.model.norm(h).float() @ head.T
+
+
+def captured(fn) -> torch.cuda.CUDAGraph:
+    """`fn` captured as a CUDA graph (after warm-up runs on a side stream, as PyTorch requires)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def paged(keys: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys or values [P, Hkv, D] laid out in a paged cache of BLOCK-token blocks in shuffled order:
+    (cache [blocks + 1, BLOCK, Hkv, D], block table). Block 0 stays unused, as a free block would."""
+    blocks = -(-keys.shape[0] // BLOCK)
+    padded = torch.zeros(blocks * BLOCK, *keys.shape[1:], dtype=keys.dtype, device=keys.device)
+    padded[:keys.shape[0]] = keys
+    table = (torch.randperm(blocks, generator=generator) + 1).to(keys.device)
+    cache = torch.zeros(blocks + 1, BLOCK, *keys.shape[1:], dtype=keys.dtype, device=keys.device)
+    cache[table] = padded.view(blocks, BLOCK, *keys.shape[1:])
+    return cache, table
+
+
+@torch.inference_mode()
+def prefix_caches(model, ids: torch.Tensor, generator: torch.Generator):
+    """The last K layers' K/V of `ids` [1, P] (rotated, as a KV cache holds them) in paged caches, and the
+    block table; the tapped rows of layer N-K for every position."""
+    out = model.model(input_ids=ids, use_cache=True, output_hidden_states=True)
+    cache = out.past_key_values
+    layers = len(model.model.layers)
+    caches, table = [], None
+    for index in range(layers - K, layers):
+        if hasattr(cache, "layers"):
+            k, v = cache.layers[index].keys, cache.layers[index].values
+        else:
+            k, v = cache.key_cache[index], cache.value_cache[index]
+        state = torch.Generator().manual_seed(generator.initial_seed())  # one block table for every layer
+        key_cache, table = paged(k[0].transpose(0, 1), state)
+        value_cache, _ = paged(v[0].transpose(0, 1), torch.Generator().manual_seed(generator.initial_seed()))
+        caches.append((key_cache, value_cache))
+    return caches, table, out.hidden_states[-K - 1][0]
 
 
 def _rotate(x: torch.Tensor) -> torch.Tensor:
@@ -117,14 +250,48 @@ def dedicated(model, ids: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
     return hidden[0, -1:].float() @ head.T
 
 
+def smoke(model, zero, head: torch.Tensor, device) -> dict[str, float]:
+    """With zero LoRA each branch form must give the full forward's head logits (within bf16)."""
+    ids = torch.randint(0, SHAPE["vocab_size"], (1, 40), device=device)
+    full = dedicated(model, ids, head)
+    with torch.inference_mode():
+        tapped = model.model(input_ids=ids, output_hidden_states=True).hidden_states[-K - 1][0]
+        caches, table, _ = prefix_caches(model, ids[:, :-SUFFIX], torch.Generator().manual_seed(1))
+        shorter = ids[:, :24]
+        short_tapped = model.model(input_ids=shorter, output_hidden_states=True).hidden_states[-K - 1][0]
+    both = batched_branch(model, [tapped, short_tapped], zero, head)
+    return {"branch": float((branch(model, tapped, zero, head) - full).abs().max()),
+            "suffix_branch": float((suffix_branch(model, tapped[-SUFFIX:], ids.shape[1] - SUFFIX, caches, table,
+                                                  zero, head) - full).abs().max()),
+            "batched_branch": max(float((both[0] - full[0]).abs().max()),
+                                  float((both[1] - dedicated(model, shorter, head)[0]).abs().max()))}
+
+
+def combine(runs: list) -> object:
+    """Runs' objects (one structure) -> that structure with each number as {median, min, max}."""
+    first = runs[0]
+    if isinstance(first, dict):
+        return {k: combine([r[k] for r in runs]) for k in first}
+    if isinstance(first, list):
+        return [combine([r[i] for r in runs]) for i in range(len(first))]
+    if isinstance(first, bool) or not isinstance(first, int | float) or all(r == first for r in runs):
+        return first
+    values = sorted(float(r) for r in runs)
+    return {"median": values[len(values) // 2], "min": values[0], "max": values[-1]}
+
+
 def main() -> None:
-    global SHAPE, LENGTHS
+    global SHAPE, LENGTHS, PREFIXES, BATCH_LENGTHS
     from transformers import Qwen3Config
 
+    if "--combine" in sys.argv:
+        runs = [json.loads(open(path).read()) for path in sys.argv[sys.argv.index("--combine") + 1:]]
+        print(json.dumps({"runs": len(runs), **combine(runs)}, indent=2))
+        return
     if "--smoke" in sys.argv:  # a tiny shape, to check the script anywhere (CPU included)
         SHAPE = dict(SHAPE, hidden_size=256, num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2,
                      head_dim=64, intermediate_size=512, vocab_size=1024)
-        LENGTHS = (64,)
+        LENGTHS, PREFIXES, BATCH_LENGTHS = (64,), (48,), {"short": (16, 40, 24)}
     device = "cuda" if torch.cuda.is_available() else "cpu"
     started = time.time()
     config = Qwen3Config(**SHAPE)
@@ -151,12 +318,8 @@ def main() -> None:
                            "two_engines": round((one_copy + dedicated_bytes) / 2**30, 2)},
            "timings_ms": []}
     if "--smoke" in sys.argv:  # the branch's arithmetic is the model's: zero LoRA, true tapped rows
-        ids = torch.randint(0, SHAPE["vocab_size"], (1, 32), device=device)
-        with torch.inference_mode():
-            tapped = model.model(input_ids=ids, output_hidden_states=True).hidden_states[-K - 1][0]
         zero = [{n: (a * 0, b) for n, (a, b) in layer.items()} for layer in adapters]
-        out["smoke_branch_vs_full_forward_max_abs"] = float(
-            (branch(model, tapped, zero, head) - dedicated(model, ids, head)).abs().max())
+        out["smoke_max_abs_vs_full_forward"] = smoke(model, zero, head, device)
     for length in LENGTHS:
         ids = torch.randint(0, SHAPE["vocab_size"], (1, length), device=device)
         rows = model.model.embed_tokens(ids)[0].contiguous()  # stands in for the tapped residual rows
@@ -165,6 +328,40 @@ def main() -> None:
         out["timings_ms"].append({"prompt_tokens": length, "dedicated_full_forward": round(full, 3),
                                   "shared_branch_marginal": round(gate, 3), "ratio": round(gate / full, 4)})
         print(json.dumps(out["timings_ms"][-1]), file=sys.stderr, flush=True)
+    generator = torch.Generator().manual_seed(0)
+    out["suffix_mode_ms"] = []
+    for prefix in PREFIXES:
+        ids = torch.randint(0, SHAPE["vocab_size"], (1, prefix + SUFFIX), device=device)
+        rows = model.model.embed_tokens(ids)[0, prefix:].contiguous()
+        kv = [torch.randn(prefix, SHAPE["num_key_value_heads"], SHAPE["head_dim"], device=device,
+                          dtype=torch.bfloat16) for _ in range(2)]
+        key_cache, table = paged(kv[0], generator)
+        value_cache, _ = paged(kv[1], torch.Generator().manual_seed(generator.initial_seed()))
+        caches = [(key_cache, value_cache)] * K  # the cost is each layer's; the values need not differ
+        full = timed(lambda ids=ids: dedicated(model, ids, head))
+        gate = timed(lambda rows=rows, caches=caches, table=table, prefix=prefix:
+                     suffix_branch(model, rows, prefix, caches, table, adapters, head))
+        row = {"cached_prefix_tokens": prefix, "suffix_tokens": SUFFIX, "dedicated_full_forward": round(full, 3),
+               "suffix_branch": round(gate, 3), "ratio": round(gate / full, 5)}
+        if device == "cuda":  # the same branch replayed as one CUDA graph: no per-kernel launch cost
+            graph = captured(lambda rows=rows, caches=caches, table=table, prefix=prefix:
+                             suffix_branch(model, rows, prefix, caches, table, adapters, head))
+            replay = timed(graph.replay)
+            row.update(suffix_branch_cuda_graph=round(replay, 3), ratio_cuda_graph=round(replay / full, 5))
+        out["suffix_mode_ms"].append(row)
+        print(json.dumps(row), file=sys.stderr, flush=True)
+    out["batched_prompt_mode_ms"] = {}
+    for name, lengths in BATCH_LENGTHS.items():
+        prompts = [model.model.embed_tokens(torch.randint(0, SHAPE["vocab_size"], (1, n), device=device))[0]
+                   for n in lengths]
+        sequential = timed(lambda prompts=prompts: [branch(model, rows, adapters, head) for rows in prompts])
+        batched = timed(lambda prompts=prompts: batched_branch(model, prompts, adapters, head))
+        agree = (batched_branch(model, prompts, adapters, head)
+                 - torch.cat([branch(model, rows, adapters, head) for rows in prompts])).abs().max()
+        out["batched_prompt_mode_ms"][name] = {
+            "prompt_tokens": list(lengths), "sequential": round(sequential, 3), "batched": round(batched, 3),
+            "ratio": round(batched / sequential, 4), "max_abs_logit_batched_vs_sequential": float(agree)}
+        print(json.dumps(out["batched_prompt_mode_ms"][name]), file=sys.stderr, flush=True)
     if device == "cuda":
         out["peak_gib_during_timings"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
         out["allocated_gib"] = round(torch.cuda.memory_allocated() / 2**30, 2)

@@ -1,24 +1,32 @@
 """What sharing the backbone buys, measured side by side on one machine (`gatehead bench`).
 
-Three setups serve the same agent (`gatehead.agent.Agent`: retrieve -> gate -> answer) on the same
-model, the same retrieval store, the same KV memory and the same cores:
-- (a) shared: one `SharedEngine` with the gate adapter (the gate branches off at layer N-k);
-- (b) two engines: stock vLLM for generation (`SharedEngine` without an adapter) beside the dedicated
-  gate engine (`gatehead export-dedicated` served by stock vLLM's pooling runner), each with half the
-  KV memory and, by default, half the cores (`--two-engine-cores shared`: both on all cores);
-- (c) ungated: the engine of (a) answering every turn without a gate.
-Every turn answers: the thresholds are set so (a) and (b) decide "answer" whatever the
-probabilities say, so the three setups do the same retrieval and generation work and differ only
-in the gate. The gate still runs in full in (a) and (b) and its decisions are counted.
+Five setups serve the same agent (`gatehead.agent.Agent`: retrieve -> gate -> answer) on the same
+model, the same retrieval store, the same KV memory and the same cores (`gatehead.benchmarks.peers`):
+- (a) shared, prompt-mode gate: one `SharedEngine` with the prompt-mode adapter (the gate branches
+  off at layer N-k and recomputes its whole prompt);
+- (a') shared, suffix-mode gate: one `SharedEngine` with the suffix-mode (activated) adapter of the
+  same gate task (the gate reads the prefix cache and computes its suffix);
+- (b) two engines: stock vLLM for generation beside the dedicated gate engine (`gatehead
+  export-dedicated` on stock vLLM's pooling runner, prefix caching on), each with half the KV memory
+  and, by default, half the cores (`--two-engine-cores shared`: both on all cores);
+- (c) no gate: the engine of (a) answering every turn without a gate;
+- (d) prompted judge: a stock engine (no adapter) asked after the gate prompt's prefix whether to
+  answer, refuse or search, scored on the label words' next-token logprobs (reads the prefix cache).
+Every turn answers: the thresholds are set so every gate decides "answer" whatever the probabilities
+say, so the setups do the same retrieval and generation work and differ only in the gate.
 
-Workloads: single-turn turns at concurrency 1 and 4 (turns/s, gate latency, answer time to first
-token, end-to-end p50/p95); 5-turn threads (per turn of the thread); prefix reuse (the answer's time
-to first token after a gate on the same prefix vs cold, for prefixes of 256 to 4k tokens, on the
-shared engine); memory (weights bytes, engine processes' resident memory, KV capacity of each engine
-at the same memory fraction, and a stock engine's at the shared engine's fraction).
-Models: the demo model (`--model demo`), or a random-weight Qwen3 large enough that compute
-dominates overheads (`--model random`: Qwen2.5-0.5B's layers, 0.36 B parameters, built on first
-use). Prints tables, writes JSON; asserts nothing (the targets are judged in the README, by hand).
+Workloads: single-turn turns at concurrency 1, 4 and 8 (turns/s, gate latency, answer time to first
+token, end-to-end p50/p95); 5-turn threads (per turn of the thread); prefix reuse, for gate prompts
+of 256 to 8,192 tokens (as the context allows): the gate's latency on a cold cache and after its
+prefix was cached (by answering first), and the answer's time to first token cold and after a gate,
+for (a), (a') and (d); memory (weights bytes, engine processes' resident memory, KV capacity of each
+engine at the same memory fraction, and a stock engine's).
+Every workload runs `runs` times (default 3) on each setup; every figure is reported as the median
+with the min and max over the runs, and so is every ratio (taken run by run). `targets` judges the
+issue's targets on the medians. Models: the demo model (`--model demo`), or a random-weight Qwen3
+large enough that compute dominates overheads (`--model random`: Qwen2.5-0.5B's layers, 0.36 B
+parameters, built on first use, with a prompt-mode and a suffix-mode random adapter). Prints tables,
+writes JSON; asserts nothing.
 """
 
 from __future__ import annotations
@@ -28,30 +36,36 @@ import json
 import os
 import platform
 import statistics
+import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from gatehead.benchmarks.agent_ttft import ttft
-from gatehead.gate.policy import LABELS, Thresholds, gate_result
-from gatehead.gate.prompt import Passage, PromptBuilder, PromptConfig
-from gatehead.runtime.engine import EngineConfig, GateOutcome, SharedEngine, _last
+from gatehead.benchmarks.peers import ALWAYS_ANSWER, DedicatedGate, PromptedJudge, SharedGate, TwoEngines, Ungated
+from gatehead.gate.policy import LABELS
+from gatehead.gate.prompt import Passage
+from gatehead.runtime.engine import EngineConfig, SharedEngine
 
-ALWAYS_ANSWER = Thresholds(answer=0.0, refuse=1.0)
-PREFIX_LENGTHS = (256, 512, 1024, 2048, 4096)
+PREFIX_LENGTHS = (256, 512, 1024, 2048, 4096, 8192)
+SETUPS = {"a_prompt": "(a) shared, prompt-mode gate", "a_suffix": "(a') shared, suffix-mode gate",
+          "b_two_engines": "(b) stock + dedicated gate", "c_ungated": "(c) no gate", "d_judge": "(d) prompted judge"}
 # Qwen2.5-0.5B's layer shape (24 layers; 0.36 B parameters with the tiny tokenizer's vocabulary):
-# k=4 branch layers are 1/6 of the stack.
+# k=4 branch layers are 1/6 of the stack. 16k positions: 8k-token gate prompts and their answers fit.
 RANDOM_SHAPE = dict(num_layers=24, hidden_size=896, intermediate_size=4864, num_heads=14, num_kv_heads=2,
-                    head_dim=64, max_position=8192, initializer_range=0.02)
+                    head_dim=64, max_position=16384, initializer_range=0.02)
+RANDOM_SUFFIX_LENGTH = 4
 
 
 @dataclass(frozen=True)
 class BenchConfig:
     model: str | Path
-    adapter: str | Path
+    adapter: str | Path  # prompt mode: setups (a), and the prompt layout of (b), (d)
+    suffix_adapter: str | Path | None = None  # suffix mode: setup (a'); None leaves (a') out
     memory_fraction: float = 0.1  # of what vLLM sizes KV from; (b) gives each of its engines half
     max_model_len: int = 2048
     block_size: int | None = None
@@ -59,11 +73,13 @@ class BenchConfig:
     cores: str = "0-1"  # the cores every setup uses (vLLM's VLLM_CPU_OMP_THREADS_BIND syntax: "0-1")
     two_engine_cores: str = "split"  # "split": (b)'s engines get half the cores each; "shared": both all
     questions: int = 24  # single-turn turns per concurrency level
-    concurrency: tuple[int, ...] = (1, 4)
+    concurrency: tuple[int, ...] = (1, 4, 8)
     threads: int = 2  # 5-turn threads
     thread_turns: int = 5
     answer_tokens: int = 64
-    prefix_repeats: int = 3
+    prefix_repeats: int = 1  # per run, per prefix length
+    runs: int = 3
+    setups: tuple[str, ...] = tuple(SETUPS)
     workloads: tuple[str, ...] = ("single", "multi", "prefix", "memory")
 
 
@@ -96,82 +112,6 @@ def _start(cores: Sequence[int], start):
             os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
         else:
             os.environ["VLLM_CPU_OMP_THREADS_BIND"] = previous
-
-
-class DedicatedGate:
-    """The dedicated gate engine: stock vLLM's pooling runner on the exported gate classifier."""
-
-    def __init__(self, export_dir: Path, config: BenchConfig, memory_fraction: float) -> None:
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
-
-        meta = json.loads((export_dir / "gatehead_dedicated.json").read_text())
-        self.order = [list(meta["labels"]).index(label) for label in LABELS]
-        args = dict(model=str(export_dir), runner="pooling", dtype="bfloat16", max_model_len=config.max_model_len,
-                    gpu_memory_utilization=memory_fraction, enforce_eager=not config.compile, seed=0)
-        if config.block_size:
-            args["block_size"] = config.block_size
-        self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
-
-    async def probs(self, prompt_ids: Sequence[int]) -> dict[str, float]:
-        from vllm import PoolingParams
-
-        final = await _last(self.llm.encode({"prompt_token_ids": list(prompt_ids)}, PoolingParams(task="classify"),
-                                            request_id=f"dgate-{uuid.uuid4().hex}"))
-        row = final.outputs.data.tolist()
-        return {label: float(row[i]) for label, i in zip(LABELS, self.order, strict=True)}
-
-    @property
-    def kv_tokens(self) -> int:
-        cache = self.llm.vllm_config.cache_config
-        return int(cache.num_gpu_blocks) * int(cache.block_size)
-
-    def engine_pids(self) -> list[int]:
-        return [p.pid for p in self.llm.engine_core.resources.engine_manager.processes]
-
-    def shutdown(self) -> None:
-        self.llm.shutdown()
-        del self.llm
-
-
-class TwoEngines:
-    """Setup (b) behind the engine interface the agent uses: stock vLLM generates, the dedicated engine gates."""
-
-    def __init__(self, generator: SharedEngine, gate: DedicatedGate, adapter) -> None:
-        self.generator, self.dedicated, self.adapter = generator, gate, adapter
-        self.tokenizer = generator.tokenizer
-        self.prompts = PromptBuilder(self.tokenizer, adapter.spec.suffix,
-                                     PromptConfig(max_context=generator.max_model_len))
-
-    async def gate(self, question, passages=(), conversation=(), thresholds=None, cache_salt=None) -> GateOutcome:
-        prompt = self.prompts.build(question, passages, conversation)
-        probs = await self.dedicated.probs(prompt.gate)
-        return GateOutcome(gate_result(probs, thresholds or self.adapter.spec.thresholds), prompt, len(prompt.gate), 0)
-
-    def stream(self, prompt, **kwargs):
-        return self.generator.stream(prompt, **kwargs)
-
-    async def generate(self, prompt, **kwargs):
-        return await self.generator.generate(prompt, **kwargs)
-
-
-class Ungated:
-    """Setup (c): the shared engine answering every turn without a gate (the prompt is laid out as usual)."""
-
-    def __init__(self, engine: SharedEngine) -> None:
-        self.engine, self.adapter, self.tokenizer, self.prompts = engine, engine.adapter, engine.tokenizer, \
-            engine.prompts
-
-    async def gate(self, question, passages=(), conversation=(), thresholds=None, cache_salt=None) -> GateOutcome:
-        prompt = self.prompts.build(question, passages, conversation)
-        probs = {"answer": 1.0, "refuse": 0.0, "search": 0.0}
-        return GateOutcome(gate_result(probs, ALWAYS_ANSWER), prompt, len(prompt.gate), 0)
-
-    def stream(self, prompt, **kwargs):
-        return self.engine.stream(prompt, **kwargs)
-
-    async def generate(self, prompt, **kwargs):
-        return await self.engine.generate(prompt, **kwargs)
 
 
 # ----- workloads ------------------------------------------------------------------------------------
@@ -246,46 +186,51 @@ async def multi_turn(agent, threads: Sequence[Sequence[str]], answer_tokens: int
                         for i, turns in enumerate(per_turn)]}
 
 
-def prefix_prompts(engine: SharedEngine, lengths: Sequence[int], corpus: Sequence[str]):
+def prefix_prompts(prompts, max_model_len: int, lengths: Sequence[int], corpus: Sequence[str]):
     """Per length: a question over passages cut from `corpus` so the gate prompt has about that many tokens."""
-    assert engine.prompts is not None
+    question = "What does the last passage say about the warranty?"
     out = []
     for length in lengths:
         passages, words, i = [], [], 0
-        prompt = engine.prompts.build("What does the last passage say about the warranty?", [])
-        while len(prompt.gate) < length and i < 10_000:
+        prompt = prompts.build(question, [])
+        while len(prompt.gate) < length and i < 100_000:
             words.append(corpus[i % len(corpus)])
             i += 1
             if len(words) == 40:
                 passages.append(Passage(" ".join(words)))
                 words = []
-                prompt = engine.prompts.build("What does the last passage say about the warranty?", passages)
-        if prompt.dropped.passages or len(prompt.answer) + 1 > engine.max_model_len:
+                prompt = prompts.build(question, passages)
+        if prompt.dropped.passages or len(prompt.answer) + 1 > max_model_len:
             continue
         out.append((length, prompt))
     return out
 
 
-async def prefix_reuse(engine: SharedEngine, prompts, repeats: int) -> list[dict]:
-    """Answer time to first token cold vs right after a gate on the same prefix (prefix cache emptied each time)."""
+async def prefix_reuse(setup, engine: SharedEngine, prompts, repeats: int) -> list[dict]:
+    """Per gate prompt (prefix caches emptied first each time): the answer's TTFT cold, then the gate after
+    that answer cached the prefix; the gate cold, then the answer's TTFT after it."""
+    async def timed(call) -> float:
+        started = time.perf_counter()
+        await call
+        return time.perf_counter() - started
 
     rows = []
     for length, prompt in prompts:
-        cold, warm, gate_ms, cached = [], [], [], 0
+        cold, after_gate, gate_cold, gate_cached, cached = [], [], [], [], 0
         for _ in range(repeats):
             await engine.reset_prefix_cache()
             cold.append((await ttft(engine, prompt.answer))[0])
+            gate_cached.append(await timed(setup.gate_laid_out(prompt)))
             await engine.reset_prefix_cache()
-            started = time.perf_counter()
-            await engine.gate_prompt(prompt.gate, ALWAYS_ANSWER)
-            gate_ms.append(time.perf_counter() - started)
+            gate_cold.append(await timed(setup.gate_laid_out(prompt)))
             seconds, cached = await ttft(engine, prompt.answer)
-            warm.append(seconds)
-        rows.append({"target_tokens": length, "answer_prompt_tokens": len(prompt.answer), "cached_tokens": cached,
+            after_gate.append(seconds)
+        rows.append({"target_tokens": length, "gate_prompt_tokens": len(prompt.gate),
+                     "answer_prompt_tokens": len(prompt.answer), "answer_cached_after_gate": cached,
+                     "gate_cold_ms": 1000 * statistics.median(gate_cold),
+                     "gate_cached_prefix_ms": 1000 * statistics.median(gate_cached),
                      "cold_ttft_ms": 1000 * statistics.median(cold),
-                     "after_gate_ttft_ms": 1000 * statistics.median(warm),
-                     "gate_ms": 1000 * statistics.median(gate_ms),
-                     "ratio": statistics.median(warm) / statistics.median(cold)})
+                     "after_gate_ttft_ms": 1000 * statistics.median(after_gate)})
     return rows
 
 
@@ -321,10 +266,14 @@ def _questions(n: int, offset: int = 0) -> list[str]:
     return pool[offset:offset + n]
 
 
-async def _workloads(agent, engine_for_prefix: SharedEngine | None, config: BenchConfig, corpus: Sequence[str],
-                     reset) -> dict:
+async def _workloads(setup, engine: SharedEngine | None, config: BenchConfig, corpus: Sequence[str], reset,
+                     store, agent_config) -> dict:
     """The workloads on one setup; `reset()` empties its engines' prefix caches before each one, so no
-    workload reads what an earlier one left (within a workload, turns share prefixes as real traffic does)."""
+    workload reads what an earlier one left (within a workload, turns share prefixes as real traffic does).
+    `engine`: where the prefix-reuse workload answers (None: not run on this setup)."""
+    from gatehead.agent.graph import Agent
+
+    agent = Agent(setup, store, agent_config)
     out: dict = {}
     warmup = _questions(2, offset=200)
     await single_turn(agent, warmup, 2, config.answer_tokens)  # first-request costs out of the figures
@@ -338,20 +287,34 @@ async def _workloads(agent, engine_for_prefix: SharedEngine | None, config: Benc
         threads = [pool[i * config.thread_turns:(i + 1) * config.thread_turns] for i in range(config.threads)]
         await reset()
         out["multi_turn"] = await multi_turn(agent, threads, config.answer_tokens)
-    if "prefix" in config.workloads and engine_for_prefix is not None:
+    if "prefix" in config.workloads and engine is not None:
         lengths = [n for n in PREFIX_LENGTHS if n < config.max_model_len]
-        out["prefix_reuse"] = await prefix_reuse(engine_for_prefix, prefix_prompts(engine_for_prefix, lengths, corpus),
-                                                 config.prefix_repeats)
+        prompts = prefix_prompts(setup.prompts, config.max_model_len, lengths, corpus)
+        out["prefix_reuse"] = await prefix_reuse(setup, engine, prompts, config.prefix_repeats)
+    return out
+
+
+async def _repeated(config: BenchConfig, setup, engine: SharedEngine | None, corpus, reset, store, agent_config,
+                    log) -> list[dict]:
+    """`config.runs` runs of the workloads on one setup."""
+    out = []
+    for i in range(config.runs):
+        log(f"  run {i + 1}/{config.runs}")
+        out.append(await _workloads(setup, engine, config, corpus, reset, store, agent_config))
     return out
 
 
 def run(config: BenchConfig, log=print) -> dict:
-    """All three setups, one after the other on this machine; returns the figures (see the module docstring)."""
-    from gatehead.agent.graph import Agent, AgentConfig
+    """Every setup in `config.setups`, one after the other on this machine (see the module docstring)."""
+    from gatehead.agent.graph import AgentConfig
     from gatehead.demo.index import open_demo_store
     from gatehead.evals.kv import checkpoint_bytes
+    from gatehead.gate.adapter import load_gate_adapter
     from gatehead.runtime.dedicated import export_dedicated
 
+    unknown = set(config.setups) - set(SETUPS)
+    if unknown or (config.suffix_adapter is None and "a_suffix" in config.setups):
+        raise ValueError(f"setups are {list(SETUPS)} ((a') needs a suffix-mode adapter), not {sorted(config.setups)}")
     cores = _cores(config.cores)
     if config.two_engine_cores == "split":
         if len(cores) < 2:
@@ -362,156 +325,248 @@ def run(config: BenchConfig, log=print) -> dict:
         gen_cores = gate_cores = cores
     else:
         raise ValueError(f"two_engine_cores must be 'split' or 'shared', not {config.two_engine_cores!r}")
+    adapter = load_gate_adapter(config.adapter, config.model)
     agent_config = AgentConfig(thresholds=ALWAYS_ANSWER, max_answer_tokens=config.answer_tokens)
-    figures: dict = {"setups": {}}
+    results: dict[str, list[dict]] = {}
+    memory: dict = {}
     with tempfile.TemporaryDirectory(prefix="gatehead-bench-") as tmp:
         store = open_demo_store(Path(tmp) / "qdrant", log=lambda *_: None)
         try:
             corpus = " ".join(h.text for h in store.search("warranty price weight colour", top_k=20)).split()
-            log("(a) shared engine + (c) the same engine without a gate")
-            engine = _start(cores, lambda: SharedEngine(_engine_config(config, config.adapter, config.memory_fraction)))
-            async def shared_phase() -> dict:  # one event loop for the engine's whole life
-                figures["setups"]["a_shared"] = await _workloads(Agent(engine, store, agent_config), engine, config,
-                                                                 corpus, engine.reset_prefix_cache)
-                figures["setups"]["c_ungated"] = await _workloads(Agent(Ungated(engine), store, agent_config), None,
-                                                                  config, corpus, engine.reset_prefix_cache)
-                return {"kv_tokens": engine.kv_tokens, "rss_bytes": _rss(engine.engine_pids()),
-                        "plugin_bytes": await engine.plugin_memory()}
 
-            try:
-                memory = {"shared": asyncio.run(shared_phase())}
-            finally:
-                engine.shutdown()
-            log("(b) stock vLLM + the dedicated gate engine")
-            export = export_dedicated(config.model, config.adapter, Path(tmp) / "dedicated")
-            half = config.memory_fraction / 2
-            generator = _start(gen_cores, lambda: SharedEngine(_engine_config(config, None, half)))
-            dedicated = None
-            try:
-                dedicated = _start(gate_cores, lambda: DedicatedGate(export, config, half))
-                two = TwoEngines(generator, dedicated, engine.adapter)
+            def on_engine(name: str, engine_adapter, setups: dict) -> None:
+                """Start one engine on every core with the full memory; run `setups` (name -> setup of it)."""
+                engine = _start(cores, lambda: SharedEngine(_engine_config(config, engine_adapter,
+                                                                             config.memory_fraction)))
 
-                async def reset_both() -> None:
-                    await generator.reset_prefix_cache()
-                    await dedicated.llm.reset_prefix_cache()
+                async def phase() -> None:  # one event loop for the engine's whole life
+                    for key, make in setups.items():
+                        log(SETUPS[key])
+                        results[key] = await _repeated(config, make(engine), engine if key != "c_ungated" else None,
+                                                       corpus, engine.reset_prefix_cache, store, agent_config, log)
+                    memory[name] = {"kv_tokens": engine.kv_tokens, "rss_bytes": _rss(engine.engine_pids()),
+                                    "plugin_bytes": await engine.plugin_memory()}
 
-                figures["setups"]["b_two_engines"] = asyncio.run(
-                    _workloads(Agent(two, store, agent_config), None, config, corpus, reset_both))
-                memory["two_engines"] = {"generator_kv_tokens": generator.kv_tokens,
-                                         "gate_kv_tokens": dedicated.kv_tokens,
-                                         "rss_bytes": _rss(generator.engine_pids() + dedicated.engine_pids())}
-            finally:
-                generator.shutdown()
-                if dedicated is not None:
-                    dedicated.shutdown()
-            if "memory" in config.workloads:
-                log("stock vLLM at the shared engine's memory fraction (KV capacity)")
-                stock = _start(cores, lambda: SharedEngine(_engine_config(config, None, config.memory_fraction)))
                 try:
-                    memory["stock"] = {"kv_tokens": stock.kv_tokens, "rss_bytes": _rss(stock.engine_pids())}
+                    asyncio.run(phase())
                 finally:
-                    stock.shutdown()
-                base = checkpoint_bytes(config.model)
-                lora_and_head = memory["shared"]["plugin_bytes"].get("lora_and_head", 0)
-                memory["weights_bytes"] = {"one_engine": base + lora_and_head,
-                                           "two_engines": base + checkpoint_bytes(export)}
-                memory["kv_ratio_shared_vs_stock"] = memory["shared"]["kv_tokens"] / memory["stock"]["kv_tokens"]
-            figures["memory"] = memory
+                    engine.shutdown()
+
+            wanted = set(config.setups)
+            if wanted & {"a_prompt", "c_ungated"} or "memory" in config.workloads:
+                on_engine("shared_prompt", config.adapter,
+                          {k: f for k, f in (("a_prompt", SharedGate), ("c_ungated", Ungated)) if k in wanted})
+            if "a_suffix" in wanted:
+                on_engine("shared_suffix", config.suffix_adapter, {"a_suffix": SharedGate})
+            if "d_judge" in wanted or "memory" in config.workloads:
+                on_engine("stock", None, {"d_judge": lambda e: PromptedJudge(e, adapter)} if "d_judge" in wanted
+                          else {})
+            if "b_two_engines" in wanted:
+                log(SETUPS["b_two_engines"])
+                export = export_dedicated(config.model, config.adapter, Path(tmp) / "dedicated")
+                half_memory = config.memory_fraction / 2
+                generator = _start(gen_cores, lambda: SharedEngine(_engine_config(config, None, half_memory)))
+                dedicated = None
+                try:
+                    dedicated = _start(gate_cores, lambda: DedicatedGate(export, config.max_model_len, half_memory,
+                                                                         not config.compile, config.block_size))
+                    gate = dedicated
+
+                    async def reset_both() -> None:
+                        await generator.reset_prefix_cache()
+                        await gate.llm.reset_prefix_cache()
+
+                    results["b_two_engines"] = asyncio.run(_repeated(
+                        config, TwoEngines(generator, dedicated, adapter), None, corpus, reset_both, store,
+                        agent_config, log))
+                    memory["two_engines"] = {"generator_kv_tokens": generator.kv_tokens,
+                                             "gate_kv_tokens": dedicated.kv_tokens,
+                                             "gate_prefix_caching": dedicated.prefix_caching,
+                                             "rss_bytes": _rss(generator.engine_pids() + dedicated.engine_pids())}
+                    memory["dedicated_weights_bytes"] = checkpoint_bytes(export)
+                finally:
+                    generator.shutdown()
+                    if dedicated is not None:
+                        dedicated.shutdown()
         finally:
             store.close()
-    figures["ratios"] = ratios(figures["setups"])
+    if "memory" in config.workloads:
+        base = checkpoint_bytes(config.model)
+        memory["weights_bytes"] = {"one_engine": base + memory["shared_prompt"]["plugin_bytes"].get("lora_and_head", 0),
+                                   "two_engines": base + memory.get("dedicated_weights_bytes", float("nan"))}
+        for name in ("shared_prompt", "shared_suffix"):
+            if name in memory:
+                memory[f"kv_ratio_{name}_vs_stock"] = memory[name]["kv_tokens"] / memory["stock"]["kv_tokens"]
+    runs = [{key: results[key][i] for key in results} for i in range(config.runs)]
+    per_run_ratios = [ratios(r) for r in runs]
+    figures = {"runs": runs, "setups": spread(runs), "ratios": spread(per_run_ratios), "memory": memory}
+    figures["targets"] = targets(figures)
     return figures
 
 
+# ----- what the runs say ---------------------------------------------------------------------------
+
+
+def spread(runs: Sequence[Any]) -> Any:
+    """Figures of several runs (one structure) -> that structure with each number as {median, min, max}."""
+    first = runs[0]
+    if isinstance(first, dict):
+        return {k: spread([r[k] for r in runs]) for k in first if all(k in r for r in runs)}
+    if isinstance(first, list):
+        return [spread([r[i] for r in runs]) for i in range(min(len(r) for r in runs))]
+    if isinstance(first, bool) or not isinstance(first, int | float):
+        return first
+    values = [float(r) for r in runs]
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
 def ratios(setups: dict) -> dict:
-    """(a)/(b) throughput and (a)/(c) end-to-end latency, per workload."""
-    a, b, c = setups["a_shared"], setups["b_two_engines"], setups["c_ungated"]
-    out = {}
-    for key in a:
-        if key.startswith("single_"):
-            out[key] = {"throughput_a_over_b": a[key]["turns_per_s"] / b[key]["turns_per_s"],
-                        "throughput_a_over_c": a[key]["turns_per_s"] / c[key]["turns_per_s"],
-                        "e2e_p50_a_over_c": a[key]["e2e_p50_ms"] / c[key]["e2e_p50_ms"],
-                        "e2e_p50_a_over_b": a[key]["e2e_p50_ms"] / b[key]["e2e_p50_ms"]}
-    if "multi_turn" in a:
-        out["multi_turn_e2e_p50_a_over_c"] = [x["e2e_p50_ms"] / y["e2e_p50_ms"] for x, y in
-                                              zip(a["multi_turn"]["by_turn"], c["multi_turn"]["by_turn"], strict=True)]
-        out["multi_turn_e2e_p50_a_over_b"] = [x["e2e_p50_ms"] / y["e2e_p50_ms"] for x, y in
-                                              zip(a["multi_turn"]["by_turn"], b["multi_turn"]["by_turn"], strict=True)]
+    """Ratios of one run: throughput against (b), end-to-end p50 against (c), gate latency against (d)."""
+    out: dict = {}
+    for key in setups.get("a_suffix", setups.get("a_prompt", {})):
+        if not key.startswith("single_"):
+            continue
+        for name in ("a_prompt", "a_suffix"):
+            if name not in setups:
+                continue
+            if "b_two_engines" in setups:
+                out[f"{key}_throughput_{name}_over_b"] = setups[name][key]["turns_per_s"] / \
+                    setups["b_two_engines"][key]["turns_per_s"]
+            if "c_ungated" in setups:
+                out[f"{key}_e2e_p50_{name}_over_c"] = setups[name][key]["e2e_p50_ms"] / \
+                    setups["c_ungated"][key]["e2e_p50_ms"]
+    for name in ("a_prompt", "a_suffix", "b_two_engines"):
+        if name in setups and "c_ungated" in setups and "multi_turn" in setups[name]:
+            out[f"multi_turn_e2e_p50_{name}_over_c"] = [
+                x["e2e_p50_ms"] / y["e2e_p50_ms"] for x, y in
+                zip(setups[name]["multi_turn"]["by_turn"], setups["c_ungated"]["multi_turn"]["by_turn"], strict=True)]
+    if "d_judge" in setups and "prefix_reuse" in setups["d_judge"]:
+        judge = {r["target_tokens"]: r["gate_cached_prefix_ms"] for r in setups["d_judge"]["prefix_reuse"]}
+        for name in ("a_prompt", "a_suffix"):
+            if "prefix_reuse" in setups.get(name, {}):
+                out[f"prefix_gate_cached_{name}_over_d"] = {
+                    r["target_tokens"]: r["gate_cached_prefix_ms"] / judge[r["target_tokens"]]
+                    for r in setups[name]["prefix_reuse"] if r["target_tokens"] in judge}
     return out
 
 
-def random_model(directory: Path) -> tuple[Path, Path]:
-    """The 0.36 B random Qwen3 and its random gate adapter under `directory` (built once, reused)."""
+def targets(figures: dict) -> dict:
+    """The suffix-mode gate's targets, judged on the medians: each {"met": bool, "values": ...}."""
+    r, memory, out = figures["ratios"], figures["memory"], {}
+
+    def medians(prefix: str) -> dict:
+        return {k: v["median"] for k, v in r.items() if k.startswith(prefix) and isinstance(v, dict) and "median" in v}
+
+    e2e = {k: v for k, v in medians("single_").items() if k.endswith("e2e_p50_a_suffix_over_c")}
+    thread = [x["median"] for x in r.get("multi_turn_e2e_p50_a_suffix_over_c", [])]
+    if e2e or thread:
+        out["suffix_gate_adds_at_most_10pct_to_e2e_p50"] = {
+            "met": all(v <= 1.10 for v in [*e2e.values(), *thread]), "single_turn": e2e, "thread_turns": thread}
+    throughput = {k: v for k, v in medians("single_").items() if k.endswith("throughput_a_suffix_over_b")}
+    if throughput:
+        out["suffix_throughput_at_least_1.5x_two_engines"] = {"met": all(v >= 1.5 for v in throughput.values()),
+                                                              "values": throughput}
+    judge = {k: v["median"] for k, v in r.get("prefix_gate_cached_a_suffix_over_d", {}).items()}
+    if judge:
+        out["suffix_gate_latency_at_most_the_judges"] = {"met": all(v <= 1.0 for v in judge.values()),
+                                                         "values": judge}
+    if "kv_ratio_shared_suffix_vs_stock" in memory:
+        ratio = memory["kv_ratio_shared_suffix_vs_stock"]
+        out["kv_capacity_within_1pct_of_stock"] = {"met": ratio >= 0.99, "values": ratio}
+    return out
+
+
+def random_model(directory: Path) -> tuple[Path, Path, Path]:
+    """The 0.36 B random Qwen3 and its random prompt-mode and suffix-mode gate adapters under `directory`
+    (built once, reused; rebuilt when `RANDOM_SHAPE` changed)."""
     from gatehead.runtime.tiny import TinySpec, build_tiny
 
-    model, adapter = directory / "model", directory / "adapter"
-    if not (adapter / "gate.json").exists():
+    model, adapter, suffix = directory / "model", directory / "adapter", directory / "suffix" / "adapter"
+    config = model / "config.json"
+    if not config.exists() or json.loads(config.read_text()).get("max_position_embeddings") != \
+            RANDOM_SHAPE["max_position"] or not (adapter / "gate.json").exists():
         build_tiny(directory, TinySpec(**RANDOM_SHAPE))
-    return model, adapter
+    if not (suffix / "gate.json").exists() or suffix.stat().st_mtime < config.stat().st_mtime:
+        built = build_tiny(directory / "suffix", TinySpec(**RANDOM_SHAPE, activation="suffix",
+                                                          suffix_length=RANDOM_SUFFIX_LENGTH))
+        # The same seed builds the same base: the suffix adapter is fitted to `model`, byte for byte.
+        assert (built.model_dir / "model.safetensors").read_bytes() == (model / "model.safetensors").read_bytes()
+    return model, adapter, suffix
+
+
+def _cell(figure: Any, digits: int = 1) -> str:
+    if isinstance(figure, dict) and "median" in figure:
+        return f"{figure['median']:.{digits}f} ({figure['min']:.{digits}f}-{figure['max']:.{digits}f})"
+    return str(figure)
 
 
 def tables(figures: dict) -> str:
-    """The figures as Markdown tables."""
+    """The figures as Markdown tables: medians over the runs, (min-max) beside them."""
     from gatehead.evals.run import table
 
-    names = {"a_shared": "(a) shared", "b_two_engines": "(b) two engines", "c_ungated": "(c) no gate"}
     setups = figures["setups"]
+    present = [s for s in SETUPS if s in setups]
     parts = []
-    for key in [k for k in setups["a_shared"] if k.startswith("single_")]:
-        rows = [[names[s], f["turns_per_s"], f["gate_mean_ms"], f["ttft_mean_ms"], f["e2e_p50_ms"], f["e2e_p95_ms"]]
-                for s, f in ((s, setups[s][key]) for s in names)]
-        turns = setups["a_shared"][key]["turns"]
-        header = ["setup", "turns/s", "gate ms", "answer TTFT ms", "e2e p50 ms", "e2e p95 ms"]
-        parts.append(f"Single-turn, concurrency {key.removeprefix('single_c')} ({turns} turns)\n\n"
-                     + table(header, rows))
-    if "multi_turn" in setups["a_shared"]:
-        rows = []
-        for i in range(len(setups["a_shared"]["multi_turn"]["by_turn"])):
-            rows.append([i + 1] + [setups[s]["multi_turn"]["by_turn"][i][m] for s in names
-                                   for m in ("e2e_p50_ms", "gate_mean_ms")])
-        parts.append("Multi-turn threads (e2e p50 / gate mean, ms, per turn of the thread)\n\n"
-                     + table(["turn"] + [f"{names[s]} {m}" for s in names for m in ("e2e", "gate")], rows))
-    if "prefix_reuse" in setups["a_shared"]:
-        parts.append("Prefix reuse on the shared engine (medians)\n\n" + table(
-            ["answer prompt tokens", "cached after gate", "cold TTFT ms", "after-gate TTFT ms", "gate ms", "ratio"],
-            [[r["answer_prompt_tokens"], r["cached_tokens"], r["cold_ttft_ms"], r["after_gate_ttft_ms"], r["gate_ms"],
-              r["ratio"]] for r in setups["a_shared"]["prefix_reuse"]]))
+    singles = sorted({k for s in present for k in setups[s] if k.startswith("single_")},
+                     key=lambda k: int(k.removeprefix("single_c")))
+    for key in singles:
+        rows = [[SETUPS[s], _cell(f["turns_per_s"], 3), _cell(f["gate_mean_ms"]), _cell(f["ttft_mean_ms"]),
+                 _cell(f["e2e_p50_ms"]), _cell(f["e2e_p95_ms"])]
+                for s, f in ((s, setups[s][key]) for s in present if key in setups[s])]
+        parts.append(f"Single-turn, concurrency {key.removeprefix('single_c')}\n\n" + table(
+            ["setup", "turns/s", "gate ms", "answer TTFT ms", "e2e p50 ms", "e2e p95 ms"], rows))
+    threaded = [s for s in present if "multi_turn" in setups[s]]
+    if threaded:
+        turns = len(setups[threaded[0]]["multi_turn"]["by_turn"])
+        rows = [[i + 1] + [_cell(setups[s]["multi_turn"]["by_turn"][i][m]) for s in threaded
+                           for m in ("e2e_p50_ms", "gate_mean_ms")] for i in range(turns)]
+        parts.append("Multi-turn threads, per turn of the thread (e2e p50 / gate mean, ms)\n\n" + table(
+            ["turn"] + [f"{SETUPS[s].split(' ')[0]} {m}" for s in threaded for m in ("e2e", "gate")], rows))
+    for s in [s for s in present if "prefix_reuse" in setups[s]]:
+        parts.append(f"Prefix reuse, {SETUPS[s]} (ms)\n\n" + table(
+            ["gate prompt tokens", "gate, cold", "gate, prefix cached", "answer TTFT cold", "answer TTFT after gate"],
+            [[_cell(r["gate_prompt_tokens"], 0), _cell(r["gate_cold_ms"]), _cell(r["gate_cached_prefix_ms"]),
+              _cell(r["cold_ttft_ms"]), _cell(r["after_gate_ttft_ms"])] for r in setups[s]["prefix_reuse"]]))
     memory, mib = figures.get("memory", {}), 1 << 20
-    if "weights_bytes" in memory:
-        parts.append("Memory\n\n" + table(["", "one shared engine", "two engines", "stock alone"], [
-            ["weights MiB", memory["weights_bytes"]["one_engine"] / mib, memory["weights_bytes"]["two_engines"] / mib,
-             ""],
-            ["engine processes RSS MiB", memory["shared"]["rss_bytes"] / mib, memory["two_engines"]["rss_bytes"] / mib,
-             memory["stock"]["rss_bytes"] / mib],
-            ["KV tokens", memory["shared"]["kv_tokens"],
-             f"{memory['two_engines']['generator_kv_tokens']} + {memory['two_engines']['gate_kv_tokens']}",
-             memory["stock"]["kv_tokens"]]]) + f"\nKV shared / stock: {memory['kv_ratio_shared_vs_stock']:.4f}")
-    parts.append("Ratios\n\n```\n" + json.dumps(figures["ratios"], indent=1) + "\n```")
+    if "weights_bytes" in memory and "stock" in memory:
+        kv = [f"{name}: {memory[name]['kv_tokens']}" for name in ("shared_prompt", "shared_suffix", "stock")
+              if name in memory]
+        if "two_engines" in memory:
+            kv.append(f"two engines: {memory['two_engines']['generator_kv_tokens']} + "
+                      f"{memory['two_engines']['gate_kv_tokens']} (gate prefix caching "
+                      f"{'on' if memory['two_engines']['gate_prefix_caching'] else 'off'})")
+        parts.append("Memory\n\n" + table(["", "one shared engine", "two engines"], [
+            ["weights MiB", memory["weights_bytes"]["one_engine"] / mib, memory["weights_bytes"]["two_engines"] / mib],
+            ["engine processes RSS MiB", memory["shared_prompt"]["rss_bytes"] / mib,
+             memory.get("two_engines", {}).get("rss_bytes", float("nan")) / mib]]) + "\nKV tokens: " + "; ".join(kv))
+    parts.append("Ratios (median, min, max over the runs)\n\n```\n" + json.dumps(figures["ratios"], indent=1) + "\n```")
+    parts.append("Targets\n\n```\n" + json.dumps(figures["targets"], indent=1) + "\n```")
     return "\n\n".join(parts) + "\n"
 
 
 def main(args) -> int:
     """`gatehead bench` (arguments parsed by the CLI)."""
-    from gatehead.demo import ADAPTER_DIR, MODEL_DIR
+    from gatehead.demo import ADAPTER_DIR, MODEL_DIR, SUFFIX_ADAPTER_DIR
 
     if args.model == "demo":
-        model, adapter, max_len = MODEL_DIR, ADAPTER_DIR, args.max_model_len or 2048
+        model, adapter, suffix, max_len = MODEL_DIR, ADAPTER_DIR, SUFFIX_ADAPTER_DIR, args.max_model_len or 2048
     elif args.model == "random":
-        model, adapter = random_model(Path(args.random_dir))
-        max_len = args.max_model_len or 4608
+        model, adapter, suffix = random_model(Path(args.random_dir))
+        max_len = args.max_model_len or 8192 + 512
     else:
         model, adapter, max_len = Path(args.model), Path(args.adapter), args.max_model_len or 2048
-    config = BenchConfig(model=model, adapter=adapter, memory_fraction=args.memory_fraction, max_model_len=max_len,
-                         block_size=args.block_size, compile=args.compile, cores=args.cores,
+        suffix = Path(args.suffix_adapter) if args.suffix_adapter else None
+    setups = tuple(args.setups) if args.setups else tuple(s for s in SETUPS if s != "a_suffix" or suffix)
+    config = BenchConfig(model=model, adapter=adapter, suffix_adapter=suffix, memory_fraction=args.memory_fraction,
+                         max_model_len=max_len, block_size=args.block_size, compile=args.compile, cores=args.cores,
                          two_engine_cores=args.two_engine_cores, questions=args.questions,
                          concurrency=tuple(args.concurrency), threads=args.threads, answer_tokens=args.answer_tokens,
-                         prefix_repeats=args.prefix_repeats, workloads=tuple(args.workloads))
+                         prefix_repeats=args.prefix_repeats, runs=args.runs, setups=setups,
+                         workloads=tuple(args.workloads))
     started = time.time()
     figures = run(config)
-    result = {"machine": {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-                          "python": platform.python_version()},
-              "model": args.model,
+    result = {"command": " ".join(["gatehead", *sys.argv[1:]]), "machine": _machine(),
+              "model": args.model, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
               "seconds": round(time.time() - started, 1), **figures}
     text = tables(figures)
@@ -522,3 +577,9 @@ def main(args) -> int:
         Path(args.out).with_suffix(".md").write_text(text)
     return 0
 
+
+def _machine() -> dict:
+    from gatehead.cli import cpu_bf16_path
+
+    return {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+            "python": platform.python_version(), "bf16": cpu_bf16_path()}

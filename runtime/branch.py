@@ -15,7 +15,10 @@ exactly what the gate model computes for them.
 
 Precision: the branch computes what the engine's own layers would. The projections and norms are
 the base modules. The LoRA delta is computed in fp32 and added before the one rounding to the
-dtype, the nearest the unmerged form gets to a LoRA merged in fp32. Attention is torch's SDPA at the
+dtype, the nearest the unmerged form gets to a LoRA merged in fp32 (on CPU the delta's two matmuls run in
+fp64, so that it does not depend on how many gate requests share the pass). On CPU the rotary embedding is
+computed in fp32 and rounded once to nearest (`_rotary`: vLLM's kernel for CPUs without AVX-512 BF16
+rounds toward zero). Attention is torch's SDPA at the
 precision of the engine's attention backend: vLLM's CPU "vec" kernels (CPUs without AMX) keep the
 probabilities in fp32, so the branch attends in fp32 there; AMX tiles and GPU kernels multiply V by
 probabilities in the model's dtype, and so does the branch. (Measured on the tiny test model: the
@@ -51,6 +54,15 @@ QKV = ("q_proj", "k_proj", "v_proj")
 GATE_UP = ("gate_proj", "up_proj")
 
 
+def _rotary_in_fp32(rotary: nn.Module, device: torch.device) -> bool:
+    """Whether the branch rotates through `GateBranch._rotary`'s fp32 path: vLLM's plain rotary on a CPU, in
+    a dtype below fp32 (its own kernel then rounds toward zero where the CPU lacks AVX-512 BF16)."""
+    from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
+
+    return (torch.device(device).type == "cpu" and rotary.cos_sin_cache.dtype != torch.float32
+            and type(rotary).forward_cpu is RotaryEmbedding.forward_cpu)
+
+
 def _tensor_parallel() -> tuple[int, int]:
     """(size, rank) of the tensor-parallel group; (1, 0) outside an initialised vLLM worker."""
     from vllm.distributed import parallel_state
@@ -68,12 +80,105 @@ class Prefix:
     blocks: tuple[int, ...]
 
 
+Request = tuple[torch.Tensor, Prefix | None]  # a gate prompt's tapped rows [2, L, hidden], its prefix in suffix mode
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """How many gate requests one branch pass takes: a group's padded keys (requests x the longest one's keys)
+    stay within `max_keys` and its packed rows within `max_rows`, so the group's largest tensors are no
+    larger than those of one maximal gate request or of one full engine step, whichever is larger. A request
+    over either bound on its own is a group by itself (the engine admits no larger request)."""
+
+    max_keys: int
+    max_rows: int
+
+    def groups(self, requests: list[Request]) -> list[list[Request]]:
+        groups: list[list[Request]] = []
+        longest = rows = 0
+        for request in requests:
+            n = request[0].shape[1]
+            keys = n + (request[1].length if request[1] is not None else 0)
+            if groups and (len(groups[-1]) + 1) * max(longest, keys) <= self.max_keys and rows + n <= self.max_rows:
+                groups[-1].append(request)
+                longest, rows = max(longest, keys), rows + n
+            else:
+                groups.append([request])
+                longest, rows = keys, n
+        return groups
+
+
+@dataclass(frozen=True)
+class _Pack:
+    """Index maps between B requests' packed rows [T] and their padded attention layout [B, L_max]."""
+
+    positions: torch.Tensor  # [T] absolute positions
+    request: torch.Tensor  # [T] each row's request
+    slot: torch.Tensor  # [T] each row's index within its request
+    key_slot: torch.Tensor  # [T] each row's key index: after its request's prefix keys
+    last: torch.Tensor  # [B] each request's last row in the packed rows
+    lengths: tuple[int, ...]
+    max_rows: int
+    max_keys: int
+    mask: torch.Tensor  # [B, 1, max_rows, max_keys]: query s of request b sees keys <= prefix_b + s
+    last_mask: torch.Tensor  # [B, 1, 1, max_keys]: the last query of each request
+    causal_only: bool  # no prefix keys, every request as long: the masks are plain causality
+    # Suffix mode: the KV blocks to read (each once) and where each prefix position goes.
+    prefix_blocks: torch.Tensor | None = None  # [blocks]
+    prefix_tokens: torch.Tensor | None = None  # [P] each prefix position's row in the blocks read
+    prefix_request: torch.Tensor | None = None  # [P]
+    prefix_slot: torch.Tensor | None = None  # [P]
+
+    @staticmethod
+    def of(requests: list[Request], prefix_keys: bool, block_size: int) -> _Pack:
+        device = requests[0][0].device
+        lengths = [rows.shape[1] for rows, _ in requests]
+        starts = [prefix.length if prefix is not None else 0 for _, prefix in requests]
+        cached = [start if prefix_keys else 0 for start in starts]  # prefix keys each request attends to
+        request = torch.cat([torch.full((n,), b) for b, n in enumerate(lengths)])
+        slot = torch.cat([torch.arange(n) for n in lengths])
+        offsets = torch.tensor([0, *lengths]).cumsum(0)
+        max_rows, max_keys = max(lengths), max(c + n for c, n in zip(cached, lengths, strict=True))
+        visible = torch.tensor(cached)[:, None] + torch.minimum(torch.arange(max_rows)[None, :],
+                                                                torch.tensor(lengths)[:, None] - 1)
+        mask = torch.arange(max_keys)[None, None, :] <= visible[:, :, None]  # [B, max_rows, max_keys]
+        last_visible = torch.tensor(cached) + torch.tensor(lengths) - 1
+        fields = {}
+        if any(cached):
+            # Each block once (requests sharing a cached prefix share its blocks), positions mapped into them.
+            needed = [prefix.blocks[:-(-c // block_size)] for (_, prefix), c in zip(requests, cached, strict=True)
+                      if c]
+            unique, inverse = torch.unique(torch.tensor([b for blocks in needed for b in blocks]), return_inverse=True)
+            inverse = inverse.split([len(blocks) for blocks in needed])
+            tokens, owners, slots = [], [], []
+            for b, c in enumerate(cached):
+                if not c:
+                    continue
+                position = torch.arange(c)
+                tokens.append(inverse[len(tokens)][position // block_size] * block_size + position % block_size)
+                owners.append(torch.full((c,), b))
+                slots.append(position)
+            fields = {"prefix_blocks": unique, "prefix_tokens": torch.cat(tokens).to(device),
+                      "prefix_request": torch.cat(owners).to(device), "prefix_slot": torch.cat(slots).to(device)}
+        return _Pack(
+            positions=(torch.tensor(starts)[request] + slot).to(device), request=request.to(device),
+            slot=slot.to(device), key_slot=(torch.tensor(cached)[request] + slot).to(device),
+            last=(offsets[1:] - 1).to(device), lengths=tuple(lengths), max_rows=max_rows, max_keys=max_keys,
+            causal_only=not any(cached) and len(set(lengths)) == 1,
+            mask=mask[:, None].to(device),
+            last_mask=(torch.arange(max_keys)[None, :] <= last_visible[:, None])[:, None, None].to(device),
+            **fields)
+
+
 class GateBranch(nn.Module):
-    """Runs the gate model's last k layers and head on one request's tapped rows."""
+    """Runs the gate model's last k layers and head on gate requests' tapped rows, a step's requests at once."""
 
     def __init__(self, layers: list[nn.Module], final_norm: nn.Module, adapter: GateAdapter,
-                 device: torch.device, attention_fp32: bool = False, prefix_keys: bool = True) -> None:
+                 device: torch.device, workspace: Workspace, block_size: int, attention_fp32: bool = False,
+                 prefix_keys: bool = True) -> None:
         super().__init__()
+        self.workspace = workspace
+        self.block_size = block_size  # of the paged KV cache, whose blocks suffix mode reads
         self.attention_fp32 = attention_fp32
         # False only in the negative control of suffix mode: the suffix attends to itself alone.
         self.prefix_keys = prefix_keys
@@ -84,7 +189,11 @@ class GateBranch(nn.Module):
         self.scaling = adapter.scaling
         self.lora_names: dict[tuple[int, str], tuple[str, str]] = {}
         self.tp_size, self.tp_rank = _tensor_parallel()
-        self._cos_sin_fp32: dict[int, torch.Tensor] = {}  # see `_rotary`
+        # fp64 on CPU: torch's fp32 CPU matmuls pick their blocking by the number of rows, so a batch's
+        # LoRA deltas would differ from one request's in the last bits, and bf16 rounding amplifies them;
+        # in fp64 both round to the same fp32 delta. (GPU: fp32, where fp64 is slow on most cards.)
+        self.lora_dtype = torch.float64 if torch.device(device).type == "cpu" else torch.float32
+        self._cos_sin_fp32: dict[int, str] = {}  # rotary module id -> its fp32 cos/sin buffer, see `_rotary`
         weights = load_file(Path(adapter.path) / ADAPTER_WEIGHTS, device=str(device))
         for key, tensor in weights.items():
             match = _LORA_KEY.search(key)
@@ -93,11 +202,20 @@ class GateBranch(nn.Module):
             layer, module, ab = int(match.group(1)), match.group(2), match.group(3)
             name = f"lora_{layer}_{module}_{ab}"
             attn = self.layers[layer - self.first_layer].self_attn
-            self.register_buffer(name, self._shard(module, ab, tensor, attn).float().contiguous(), persistent=False)
+            self.register_buffer(name, self._shard(module, ab, tensor, attn).to(self.lora_dtype).contiguous(),
+                                 persistent=False)
             a_name, b_name = self.lora_names.get((layer, module), ("", ""))
             self.lora_names[(layer, module)] = (name, b_name) if ab == "A" else (a_name, name)
         head = next(t for k, t in weights.items() if k.endswith("score.weight"))
         self.register_buffer("head", head.float(), persistent=False)  # [3, hidden], fp32
+        for layer in self.layers:
+            rotary = layer.self_attn.rotary_emb
+            if id(rotary) not in self._cos_sin_fp32 and _rotary_in_fp32(rotary, device):
+                # The model's cos/sin values (already rounded to its dtype), held in fp32: built here so
+                # `memory_bytes` counts them. vLLM shares one rotary module across layers: one copy.
+                name = f"cos_sin_fp32_{len(self._cos_sin_fp32)}"
+                self.register_buffer(name, rotary.cos_sin_cache.float(), persistent=False)
+                self._cos_sin_fp32[id(rotary)] = name
 
     def _shard(self, module: str, ab: str, tensor: torch.Tensor, attn: nn.Module) -> torch.Tensor:
         """This rank's slice of a LoRA matrix (A: [r, in], B: [out, r]), matching the base module's shard."""
@@ -117,13 +235,14 @@ class GateBranch(nn.Module):
         names = self.lora_names.get((layer, module))
         if names is None:
             return None
-        a, b = getattr(self, names[0]), getattr(self, names[1])  # fp32
-        xa = x.float() @ a.T  # [L, r]; a partial sum over this rank's input slice when `reduce`
+        a, b = getattr(self, names[0]), getattr(self, names[1])  # in `lora_dtype`
+        xa = x.to(self.lora_dtype) @ a.T  # [L, r]; a partial sum over this rank's input slice when `reduce`
         if reduce and self.tp_size > 1:
             from vllm.distributed import tensor_model_parallel_all_reduce
 
-            xa = tensor_model_parallel_all_reduce(xa)
-        return xa @ b.T * self.scaling
+            # vLLM's CPU all-reduce has no fp64; each rank's fp64 partial sum rounds the same at any row count.
+            xa = tensor_model_parallel_all_reduce(xa.float()).to(self.lora_dtype)
+        return (xa @ b.T * self.scaling).float()
 
     def _add_lora(self, layer: int, modules: tuple[str, ...], x: torch.Tensor, out: torch.Tensor,
                   sizes: list[int]) -> torch.Tensor:
@@ -137,28 +256,40 @@ class GateBranch(nn.Module):
 
     @torch.inference_mode()
     def forward(self, rows: torch.Tensor, prefix: Prefix | None = None) -> torch.Tensor:
-        """Head logits [3] (fp32) for one gate prompt whose tapped rows are `rows` [2, L, hidden]: the
-        (hidden, residual) inputs of layer N-k's norm, of every prompt token, or with `prefix` (suffix
-        mode) of the suffix's tokens, which follow the `prefix.length` positions in the KV cache."""
-        n = rows.shape[1]
-        start = prefix.length if prefix is not None else 0
-        positions = torch.arange(start, start + n, device=rows.device)
-        hidden, residual = rows[0], rows[1]
+        """Head logits [3] (fp32) of one gate prompt (see `forward_batch`)."""
+        return self.forward_batch([(rows, prefix)])[0]
+
+    @torch.inference_mode()
+    def forward_batch(self, requests: list[Request]) -> torch.Tensor:
+        """Head logits [B, 3] (fp32) of B gate prompts in one pass. Each request's tapped rows [2, L, hidden]
+        are the (hidden, residual) inputs of layer N-k's norm, of every prompt token, or with a `Prefix`
+        (suffix mode) of the suffix's tokens, which follow the `prefix.length` positions in the KV cache.
+
+        The requests' rows are packed into one [T, hidden] stream for the projections, norms and MLP;
+        attention pads them to [B, L_max] with a mask that keeps each request's queries on its own keys.
+        Requests are grouped (`Workspace`) so a group's padded attention is no larger than one maximal
+        request's would be."""
+        outputs = [self._forward_group(group) for group in self.workspace.groups(requests)]
+        return torch.cat(outputs)
+
+    def _forward_group(self, requests: list[Request]) -> torch.Tensor:
+        pack = _Pack.of(requests, self.prefix_keys, self.block_size)
+        hidden = torch.cat([rows[0] for rows, _ in requests])  # [T, hidden]
+        residual = torch.cat([rows[1] for rows, _ in requests])
         for offset, layer in enumerate(self.layers):
             index = self.first_layer + offset
             last = offset == len(self.layers) - 1
             norm = layer.input_layernorm
             h, residual = (norm.untapped if offset == 0 else norm)(hidden, residual)
-            attn_out = self._attention(index, layer.self_attn, h, positions, last, prefix)
-            if last:  # only the last token's row reaches the head
-                residual = residual[-1:]
+            attn_out = self._attention(index, layer.self_attn, h, pack, last)
+            if last:  # only each request's last row reaches the head
+                residual = residual[pack.last]
             h, residual = layer.post_attention_layernorm(attn_out, residual)
             hidden = self._mlp(index, layer.mlp, h)
         normed, _ = self.final_norm[0](hidden, residual)
-        return normed[-1].float() @ self.head.T
+        return normed.float() @ self.head.T  # [B, 3]
 
-    def _attention(self, index: int, attn: nn.Module, h: torch.Tensor, positions: torch.Tensor,
-                   last_only: bool, prefix: Prefix | None) -> torch.Tensor:
+    def _attention(self, index: int, attn: nn.Module, h: torch.Tensor, pack: _Pack, last_only: bool) -> torch.Tensor:
         n, head_dim = h.shape[0], attn.head_dim
         qkv, _ = attn.qkv_proj(h)
         qkv = self._add_lora(index, QKV, h, qkv, [attn.q_size, attn.kv_size, attn.kv_size])
@@ -166,30 +297,36 @@ class GateBranch(nn.Module):
         if hasattr(attn, "q_norm"):  # Qwen3's per-head norms
             q = attn.q_norm(q.reshape(n, -1, head_dim)).reshape(n, -1)
             k = attn.k_norm(k.reshape(n, -1, head_dim)).reshape(n, -1)
-        q, k = self._rotary(attn.rotary_emb, positions, q, k)
-        if last_only:
-            q = q[-1:]
-        q = q.reshape(q.shape[0], attn.num_heads, head_dim).transpose(0, 1)  # [H, Lq, D]
-        k = k.reshape(n, attn.num_kv_heads, head_dim)  # [L, Hkv, D]
-        v = v.reshape(n, attn.num_kv_heads, head_dim)
-        mask = None  # causal over the request's own rows; the last-only query attends every key
-        if prefix is not None and self.prefix_keys and prefix.length:
-            # The base's K/V of positions [0, length), rotated as vLLM wrote them: [length, Hkv, D].
+        q, k = self._rotary(attn.rotary_emb, pack.positions, q, k)
+        heads, kv_heads = attn.num_heads, attn.num_kv_heads
+        batch = len(pack.lengths)
+        if last_only:  # one query per request, its last row
+            queries = q[pack.last].reshape(batch, 1, heads, head_dim)
+        else:
+            queries = q.new_zeros(batch, pack.max_rows, heads, head_dim)
+            queries[pack.request, pack.slot] = q.reshape(n, heads, head_dim)
+        # Keys per request: its prefix's base K/V (suffix mode), then its own rows' K/V: [B, keys, Hkv, D].
+        keys = k.new_zeros(batch, pack.max_keys, kv_heads, head_dim)
+        values = torch.zeros_like(keys)
+        keys[pack.request, pack.key_slot] = k.reshape(n, kv_heads, head_dim)
+        values[pack.request, pack.key_slot] = v.reshape(n, kv_heads, head_dim)
+        if pack.prefix_tokens is not None:
             cache = attn.attn.kv_cache
-            blocks = torch.tensor(prefix.blocks, dtype=torch.long)
-            cached_k, cached_v = paged_kv.gather(cache, attn.attn.isa, blocks, prefix.length)
-            k, v = torch.cat([cached_k, k]), torch.cat([cached_v, v])
-            if not last_only:  # suffix query i sees every prefix key and suffix keys 0..i
-                mask = torch.ones(n, prefix.length + n, dtype=torch.bool, device=h.device)
-                mask[:, prefix.length:] = torch.ones(n, n, dtype=torch.bool, device=h.device).tril()
-        k, v = k.transpose(0, 1), v.transpose(0, 1)  # [Hkv, keys, D]
+            cached_k, cached_v = paged_kv.gather(cache, attn.attn.isa, pack.prefix_blocks,
+                                                 pack.prefix_blocks.numel() * self.block_size)
+            keys[pack.prefix_request, pack.prefix_slot] = cached_k[pack.prefix_tokens]
+            values[pack.prefix_request, pack.prefix_slot] = cached_v[pack.prefix_tokens]
+        queries, keys, values = queries.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2)
         if self.attention_fp32:
-            q, k, v = q.float(), k.float(), v.float()
-        # enable_gqa shares each K/V head across its query heads without copying them.
-        causal = mask is None and not last_only
-        out = F.scaled_dot_product_attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), attn_mask=mask,
-                                             is_causal=causal, scale=attn.scaling, enable_gqa=True)
-        out = out[0].transpose(0, 1).reshape(q.shape[1], attn.q_size).to(h.dtype)  # [Lq, H*D]
+            queries, keys, values = queries.float(), keys.float(), values.float()
+        # Requests of one length with no prefix keys need no mask beyond causality, which lets SDPA pick its
+        # flash kernels. enable_gqa shares each K/V head across its query heads without copying them.
+        mask = None if pack.causal_only else pack.last_mask if last_only else pack.mask  # [B, 1, Lq, keys]
+        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=attn.scaling,
+                                             is_causal=pack.causal_only and not last_only,
+                                             enable_gqa=True)  # [B, H, Lq, D]
+        out = out.transpose(1, 2).reshape(batch, -1, attn.q_size)
+        out = (out[:, 0] if last_only else out[pack.request, pack.slot]).to(h.dtype)  # [rows, H*D]
         o, _ = attn.o_proj(out)
         delta = self._lora(index, "o_proj", out, reduce=True)
         return o if delta is None else (o.float() + delta).to(o.dtype)
@@ -204,16 +341,12 @@ class GateBranch(nn.Module):
         kernel rounds nothing, and `.to(dtype)` rounds to nearest, as `_C`'s bf16 kernel does: the
         same values where the CPU has bf16, the correctly rounded ones where it has not.
         """
-        from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbedding
-
-        plain = type(rotary).forward_cpu is RotaryEmbedding.forward_cpu
-        if q.device.type != "cpu" or q.dtype == torch.float32 or not plain:
+        name = self._cos_sin_fp32.get(id(rotary))
+        if name is None or q.dtype == torch.float32:
             return rotary(positions, q, k)
         from vllm import _custom_ops as ops
 
-        cache = self._cos_sin_fp32.get(id(rotary))
-        if cache is None:  # the model's cos/sin values (already rounded to its dtype), held in fp32
-            cache = self._cos_sin_fp32[id(rotary)] = rotary.cos_sin_cache.float()
+        cache = getattr(self, name)
         q32, k32 = q.float(), k.float()
         ops.rotary_embedding(positions, q32, k32, rotary.head_size, cache, rotary.is_neox_style)
         return q32.to(q.dtype), k32.to(k.dtype)
@@ -227,6 +360,29 @@ class GateBranch(nn.Module):
         delta = self._lora(index, "down_proj", x, reduce=True)
         return down if delta is None else (down.float() + delta).to(down.dtype)
 
-    def memory_bytes(self) -> int:
-        """Bytes of the tensors the branch owns (LoRA and head; the layers are the base's)."""
-        return sum(b.numel() * b.element_size() for b in self.buffers())
+    def workspace_bytes(self, max_query: int, element_size: int) -> int:
+        """An upper bound on the bytes one branch pass allocates at once, from its `Workspace` bounds and the
+        longest query a request has (`max_query`): the packed rows' projections and MLP (with their fp32
+        LoRA deltas), the padded queries, keys and values, the prefix K/V read from the cache and the
+        attention mask. torch's CPU SDPA (flash) keeps no [queries x keys] scores beyond the mask."""
+        attn, mlp = self.layers[0].self_attn, self.layers[0].mlp
+        size = element_size  # of the model's activations
+        attend = 4 if self.attention_fp32 else size
+        keys, rows = self.workspace.max_keys, self.workspace.max_rows
+        hidden = self.head.shape[1]
+        per_row = attn.q_size + 2 * attn.kv_size + mlp.gate_up_proj.output_size_per_partition + 3 * hidden
+        row_bytes = rows * per_row * (size + 4)  # each activation and its fp32 LoRA delta
+        kv_width = attn.num_kv_heads * attn.head_dim
+        padded = keys * (attn.num_heads * attn.head_dim + 2 * kv_width) * (attend + size)
+        prefix = 4 * keys * kv_width * size  # the decoded pages and their positions, keys and values
+        return row_bytes + padded + prefix + max_query * keys
+
+    def memory_bytes(self) -> dict[str, int]:
+        """Bytes of the tensors the branch owns (the layers are the base's): the LoRA matrices and the head,
+        and on CPU the fp32 copy of the rotary cos/sin values."""
+        def size(names) -> int:
+            return sum(getattr(self, n).numel() * getattr(self, n).element_size() for n in names)
+
+        rotary = list(self._cos_sin_fp32.values())
+        owned = [name for name, _ in self.named_buffers() if name not in rotary]
+        return {"lora_and_head": size(owned), "rotary_fp32": size(rotary)}

@@ -297,6 +297,23 @@ class SharedEngine:
         return GateOutcome(gate_result(probs, thresholds or adapter.spec.thresholds), None, len(ids),
                            final.num_cached_tokens or 0)
 
+    async def next_token_logprobs(self, prompt: str | Sequence[int], candidates: Sequence[int],
+                                  cache_salt: str | None = None) -> tuple[list[float], int]:
+        """(The log-probabilities of each of `candidates` as the next token after `prompt`, the prompt tokens
+        read from the prefix cache): an ordinary one-token request, as a prompted judge scores label words."""
+        from vllm import SamplingParams
+
+        ids = self._check_generation_prompt(prompt)
+        self.check_length(ids, 1)
+        vocab = len(self.tokenizer)
+        if not candidates or any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab
+                                 for t in candidates):
+            raise ValueError(f"candidates must be token ids in [0, {vocab}), got {list(candidates)}")
+        params = SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=list(candidates), detokenize=False)
+        final = await _last(self.llm.generate(_prompt(ids, cache_salt), params, request_id=f"score-{uuid.uuid4().hex}"))
+        entry = final.outputs[0].logprobs[0]
+        return [float(entry[t].logprob) for t in candidates], final.num_cached_tokens or 0
+
     async def gate(self, question: str, passages: Sequence[Passage] = (), conversation: Sequence[Turn] = (),
                    thresholds: Thresholds | None = None, cache_salt: str | None = None) -> GateOutcome:
         """Gate `question` over `passages` (and the conversation so far)."""

@@ -3,7 +3,8 @@
 Per step (`gatehead.runtime.plugin` wraps the runner's `_model_forward` around steps 2-3):
 1. `begin_step(rows, live)`: the gate requests scheduled this step and their rows in the flattened batch;
 2. the base forward runs unchanged (compiled, eager or a CUDA graph); the tap copies the inputs of layer N-k's norm;
-3. `after_forward()`: this step's gate rows are kept; a prompt whose last chunk arrived runs the branch;
+3. `after_forward()`: this step's gate rows are kept; the prompts whose last chunk arrived run the branch,
+   all in one batched pass;
 4. `compute_logits`: each finished gate request's logits row becomes -inf except the three reserved
    action tokens, which carry the head's logits; vLLM's `logprob_token_ids` returns their log-softmax.
 
@@ -30,7 +31,7 @@ from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
 from gatehead.gate.adapter import load_gate_adapter
 from gatehead.gate.policy import LABELS
 from gatehead.runtime import paged_kv
-from gatehead.runtime.branch import GateBranch, Prefix
+from gatehead.runtime.branch import GateBranch, Prefix, Workspace
 from gatehead.runtime.tap import tap_norm
 
 
@@ -180,7 +181,14 @@ class GateState(nn.Module):
         elif branch_mode == "suffix-only":
             raise ValueError("the 'suffix-only' branch is a negative control of suffix-mode gates; this adapter is "
                              "prompt-mode")
-        self.branch = GateBranch(list(layers[adapter.branch_layer:]), model.model.norm, adapter, device,
+        suffix_ids = tuple(hf.gatehead_suffix_ids)
+        max_gate_tokens = int(hf.gatehead_max_gate_tokens)
+        step_tokens = vllm_config.scheduler_config.max_num_batched_tokens
+        # A branch pass takes as many gate requests as fit one maximal gate request or one engine step.
+        self.max_query = len(suffix_ids) if self.suffix_mode else max_gate_tokens
+        workspace = Workspace(max_keys=max(max_gate_tokens, step_tokens), max_rows=max(self.max_query, step_tokens))
+        self.branch = GateBranch(list(layers[adapter.branch_layer:]), model.model.norm, adapter, device, workspace,
+                                 vllm_config.cache_config.block_size,
                                  attention_fp32=_attention_in_fp32(vllm_config, layers[adapter.branch_layer]),
                                  prefix_keys=branch_mode != "suffix-only")
         tap = getattr(hf, "gatehead_tap", "copy")
@@ -188,8 +196,7 @@ class GateState(nn.Module):
             tap_norm(layers[adapter.branch_layer].input_layernorm, self.tap_buffer, perturbed=tap == "perturbed")
         # No tap, no rows: the branch would read a buffer nothing wrote, so it is off too (gate requests fail).
         self.branch_enabled = branch_mode is not False and tap != "off"
-        suffix_ids = tuple(hf.gatehead_suffix_ids)
-        kept_bound = int(hf.gatehead_max_gate_tokens)
+        kept_bound = max_gate_tokens
         if self.suffix_mode:  # each request keeps its suffix rows only
             kept_bound = min(kept_bound, len(suffix_ids) * vllm_config.scheduler_config.max_num_seqs)
         self.rows = RowKeeper(suffix_ids, kept_bound, suffix_mode=self.suffix_mode)
@@ -204,14 +211,17 @@ class GateState(nn.Module):
         if not self.branch_enabled:
             self.rows.plan = []
             return
-        started, ran = time.perf_counter(), 0
+        started, ready = time.perf_counter(), []
         for row, rows in self.rows.collect(self.tap_buffer):
             if rows is None:
                 self.results[row.batch_row] = torch.full((3,), float("nan"), device=self.tap_buffer.device)
-                continue
-            prefix = Prefix(row.first, row.blocks) if self.suffix_mode else None
-            self.results[row.batch_row] = self.branch(rows, prefix)[self.head_order]
-            ran += 1
+            else:
+                ready.append((row, (rows, Prefix(row.first, row.blocks) if self.suffix_mode else None)))
+        if ready:  # one branch pass for every gate prompt completed this step
+            logits = self.branch.forward_batch([request for _, request in ready])[:, self.head_order]
+            for (row, _), row_logits in zip(ready, logits, strict=True):
+                self.results[row.batch_row] = row_logits
+        ran = len(ready)
         if ran:
             if self.tap_buffer.is_cuda:  # the results are read in compute_logits right after: no extra stall
                 torch.cuda.synchronize(self.tap_buffer.device)
@@ -234,9 +244,10 @@ class GateState(nn.Module):
         """Itemised bytes the plugin allocates (retained rows: their bound, one maximal gate prompt)."""
         row_bytes = 2 * self.tap_buffer.shape[2] * self.tap_buffer.element_size()  # a (hidden, residual) pair
         return {
-            "lora_and_head": self.branch.memory_bytes(),
+            **self.branch.memory_bytes(),
             "tap_buffer": self.tap_buffer.numel() * self.tap_buffer.element_size(),
             "retained_rows_bound": self.rows.max_rows * row_bytes,
+            "branch_workspace_bound": self.branch.workspace_bytes(self.max_query, self.tap_buffer.element_size()),
         }
 
 

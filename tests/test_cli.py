@@ -67,6 +67,8 @@ def test_bad_input_exits_2_with_the_fix(tiny: TinyModel, tiny_other: TinyModel) 
     assert wrong.returncode == 2 and "wrong base model" in wrong.stderr
     for args, message in ((["--adapter", str(tiny.adapter_dir)], "--adapter goes with --model PATH"),
                           (["--concurrency", "1", "0"], "--concurrency values must be >= 1"),
+                          (["--suffix-adapter", str(tiny.adapter_dir)], "--suffix-adapter goes with --model PATH"),
+                          (["--runs", "0"], "--runs must be >= 1"),
                           (["--cores", "0"], "split needs at least 2 cores")):
         bench = run("bench", *args)
         assert bench.returncode == 2 and message in bench.stderr, bench.stderr

@@ -95,3 +95,25 @@ def _cpu_binding(tp: int) -> Iterator[None]:
 def cpu_binding() -> Callable[[int], Any]:
     """`with cpu_binding(tp):` around starting a tensor-parallel engine."""
     return _cpu_binding
+
+
+def _probs(outcomes) -> np.ndarray:
+    return np.array([[o.result.probs[k] for k in ("answer", "refuse", "search")] for o in outcomes])
+
+
+async def _alone_and_together(engine: SharedEngine, prompts) -> tuple[np.ndarray, np.ndarray, float]:
+    """(each gated alone, all gated as one arrival, gate prompts per branch pass in the second)."""
+    alone = []
+    for prompt in prompts:
+        alone.append(await engine.gate_prompt(prompt))
+    before = await engine.stats()
+    together = await engine.together([engine.gate_prompt(p) for p in prompts])
+    after = await engine.stats()
+    per_pass = (after["branch_prompts"] - before["branch_prompts"]) / (after["branch_steps"] - before["branch_steps"])
+    return _probs(alone), _probs(together), per_pass
+
+
+@pytest.fixture(scope="session")
+def alone_and_together() -> Callable[..., Any]:
+    """`await alone_and_together(engine, prompts)`: the batched branch against a branch pass per request."""
+    return _alone_and_together

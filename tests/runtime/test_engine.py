@@ -15,7 +15,7 @@ from gatehead.gate.prompt import Passage
 from gatehead.runtime.engine import EngineConfig, SharedEngine
 from gatehead.runtime.plugin import GATE_FLAG
 from gatehead.runtime.reference import HFReference
-from gatehead.runtime.tiny import TinyModel
+from gatehead.runtime.tiny import TinyModel, TinySpec
 
 DOCS = [Passage("The warranty covers defects for two years.", "Warranty", "kb/w.md", 0.9)]
 
@@ -123,9 +123,14 @@ def test_plugin_memory_is_itemised(shared_eager: SharedEngine, stock_eager: Shar
     hidden = tiny.adapter.spec.base.hidden_size
     budget = shared_eager.llm.vllm_config.scheduler_config.max_num_batched_tokens
     assert memory["tap_buffer"] == budget * 2 * hidden * 2  # a (hidden, residual) bf16 pair per batched token
-    lora = sum(r * (i + o) for i, o, r in _lora_shapes(tiny)) * 4  # fp32 copies of A and B
+    lora = sum(r * (i + o) for i, o, r in _lora_shapes(tiny)) * 8  # fp64 copies of A and B (on CPU)
     assert memory["lora_and_head"] == lora + 3 * hidden * 4  # + the fp32 head
+    shape = TinySpec()  # the `tiny` fixture's
+    assert memory["rotary_fp32"] == shape.max_position * shape.head_dim * 4  # one cos/sin cache, shared
     assert memory["retained_rows_bound"] == shared_eager.max_gate_tokens * 2 * hidden * 2
+    # The batched branch's workspace holds at least one maximal gate prompt's padded queries, keys and values.
+    width = (shape.num_heads + 2 * shape.num_kv_heads) * shape.head_dim
+    assert memory["branch_workspace_bound"] >= shared_eager.max_gate_tokens * width * 2
     assert loop.run(stock_eager.plugin_memory()) == {}
     print(f"KV blocks: {shared_eager.kv_blocks}; plugin bytes {memory}")
 
@@ -281,3 +286,30 @@ def test_seeded_sampling_is_refused_on_cpu_and_the_engine_serves_on(shared_eager
         loop.run(shared_eager.generate(prompt, max_tokens=4, temperature=0.7, seed=1))
     greedy = loop.run(shared_eager.generate(prompt, max_tokens=4))
     assert loop.run(shared_eager.generate(prompt, max_tokens=4, seed=1)).token_ids == greedy.token_ids
+
+
+def test_next_token_logprobs_match_the_hf_model_and_read_the_prefix_cache(stock_eager: SharedEngine, loop,
+                                                                           tiny: TinyModel) -> None:
+    """The prompted judge's scoring call: within bf16 of HF fp32, judged on this machine's own HF bf16."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    prompt = stock_eager.tokenizer.encode("The warranty covers the tent for two years. " * 6, add_special_tokens=False)
+    candidates = list(range(10, 60, 7))
+    assert loop.run(stock_eager.reset_prefix_cache())
+    first, cold = loop.run(stock_eager.next_token_logprobs(prompt, candidates))
+    again, warm = loop.run(stock_eager.next_token_logprobs(prompt, candidates))
+    assert cold == 0 and warm == len(prompt) // 32 * 32  # whole 32-token blocks read back
+    reference = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        model = AutoModelForCausalLM.from_pretrained(tiny.model_dir, dtype=dtype)
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt])).logits[0, -1].float()
+        reference[dtype] = logits.log_softmax(-1)[candidates].numpy()
+    engine_dp = np.abs(np.array(first) - reference[torch.float32]).max()
+    rounding = np.abs(reference[torch.bfloat16] - reference[torch.float32]).max()
+    print(f"next-token logprobs vs HF fp32: max |d| {engine_dp:.4f} (HF bf16 {rounding:.4f}); cached {warm}")
+    assert engine_dp <= 2 * rounding + 1e-3 and np.abs(np.array(again) - np.array(first)).max() <= 2 * rounding + 1e-3
+    for bad in ([], [len(stock_eager.tokenizer)], [True]):
+        with pytest.raises(ValueError, match="candidates must be token ids"):
+            loop.run(stock_eager.next_token_logprobs(prompt, bad))

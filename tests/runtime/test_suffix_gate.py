@@ -227,3 +227,15 @@ def test_suffix_gate_under_tp2_reads_each_ranks_kv_shard(suffix_engines, cpu_bin
     figures = [float(np.abs(probs_of(o) - reference).max()) for o in (first, cached)]
     print(f"TP=2 fp32 suffix gate vs HF fp32: first {figures[0]:.2e}, cached {figures[1]:.2e}")
     assert max(figures) <= 1e-4, figures
+
+
+def test_suffix_gates_batched_in_one_pass_equal_each_gated_alone(bf16, loop, alone_and_together) -> None:
+    """Cached prefixes shared between the batch's requests included: their blocks are read once."""
+    prompts = synthetic_prompts(bf16.prompts, 16, 8)
+    assert loop.run(bf16.reset_prefix_cache())
+    gate_in_turn(bf16, loop, prompts)  # every prefix cached: both runs below read the same blocks
+    alone, together, per_pass = loop.run(alone_and_together(bf16, prompts))
+    delta = float(np.abs(alone - together).max())
+    print(f"suffix mode: {per_pass:.1f} gate prompts per branch pass; batched vs alone max |dp| {delta:.2e}")
+    assert per_pass >= 2, "the gates arrived together: their branch passes must be shared"
+    assert delta <= 1e-3
