@@ -120,9 +120,9 @@ class _Pack:
     lengths: tuple[int, ...]
     max_rows: int
     max_keys: int
-    mask: torch.Tensor  # [B, 1, max_rows, max_keys]: query s of request b sees keys <= prefix_b + s
-    last_mask: torch.Tensor  # [B, 1, 1, max_keys]: the last query of each request
-    causal_only: bool  # no prefix keys, every request as long: the masks are plain causality
+    causal_only: bool  # no prefix keys, every request as long: plain causality, no mask
+    mask: torch.Tensor | None  # [B, 1, max_rows, max_keys]: query s of request b sees keys <= prefix_b + s
+    last_mask: torch.Tensor | None  # [B, 1, 1, max_keys]: the last query of each request
     # Suffix mode: the KV blocks to read (each once) and where each prefix position goes.
     prefix_blocks: torch.Tensor | None = None  # [blocks]
     prefix_tokens: torch.Tensor | None = None  # [P] each prefix position's row in the blocks read
@@ -139,10 +139,16 @@ class _Pack:
         slot = torch.cat([torch.arange(n) for n in lengths])
         offsets = torch.tensor([0, *lengths]).cumsum(0)
         max_rows, max_keys = max(lengths), max(c + n for c, n in zip(cached, lengths, strict=True))
-        visible = torch.tensor(cached)[:, None] + torch.minimum(torch.arange(max_rows)[None, :],
-                                                                torch.tensor(lengths)[:, None] - 1)
-        mask = torch.arange(max_keys)[None, None, :] <= visible[:, :, None]  # [B, max_rows, max_keys]
-        last_visible = torch.tensor(cached) + torch.tensor(lengths) - 1
+        causal_only = not any(cached) and len(set(lengths)) == 1
+        mask = last_mask = None
+        if not causal_only:  # built on the device, only where SDPA needs it
+            keys = torch.arange(max_keys, device=device)
+            first_key = torch.tensor(cached, device=device)
+            final_key = first_key + torch.tensor(lengths, device=device) - 1
+            visible = torch.minimum(first_key[:, None] + torch.arange(max_rows, device=device)[None, :],
+                                    final_key[:, None])  # [B, max_rows]: the last key each query sees
+            mask = (keys[None, None, :] <= visible[:, :, None])[:, None]
+            last_mask = (keys[None, :] <= final_key[:, None])[:, None, None]
         fields = {}
         if any(cached):
             # Each block once (requests sharing a cached prefix share its blocks), positions mapped into them.
@@ -164,21 +170,17 @@ class _Pack:
             positions=(torch.tensor(starts)[request] + slot).to(device), request=request.to(device),
             slot=slot.to(device), key_slot=(torch.tensor(cached)[request] + slot).to(device),
             last=(offsets[1:] - 1).to(device), lengths=tuple(lengths), max_rows=max_rows, max_keys=max_keys,
-            causal_only=not any(cached) and len(set(lengths)) == 1,
-            mask=mask[:, None].to(device),
-            last_mask=(torch.arange(max_keys)[None, :] <= last_visible[:, None])[:, None, None].to(device),
-            **fields)
+            mask=mask, last_mask=last_mask, causal_only=causal_only, **fields)
 
 
 class GateBranch(nn.Module):
     """Runs the gate model's last k layers and head on gate requests' tapped rows, a step's requests at once."""
 
     def __init__(self, layers: list[nn.Module], final_norm: nn.Module, adapter: GateAdapter,
-                 device: torch.device, workspace: Workspace, block_size: int, attention_fp32: bool = False,
+                 device: torch.device, workspace: Workspace, attention_fp32: bool = False,
                  prefix_keys: bool = True) -> None:
         super().__init__()
         self.workspace = workspace
-        self.block_size = block_size  # of the paged KV cache, whose blocks suffix mode reads
         self.attention_fp32 = attention_fp32
         # False only in the negative control of suffix mode: the suffix attends to itself alone.
         self.prefix_keys = prefix_keys
@@ -247,17 +249,13 @@ class GateBranch(nn.Module):
     def _add_lora(self, layer: int, modules: tuple[str, ...], x: torch.Tensor, out: torch.Tensor,
                   sizes: list[int]) -> torch.Tensor:
         """`out` (a fused projection's output, split by `sizes`) plus each module's LoRA delta."""
-        deltas = [self._lora(layer, m, x) for m in modules]
-        if all(d is None for d in deltas):
+        if not any((layer, m) in self.lora_names for m in modules):
             return out
+        x = x.to(self.lora_dtype)  # once for the fused modules
+        deltas = [self._lora(layer, m, x) for m in modules]
         parts = list(out.split(sizes, dim=-1))
         return torch.cat([p if d is None else (p.float() + d).to(p.dtype) for p, d in zip(parts, deltas, strict=True)],
                          dim=-1)
-
-    @torch.inference_mode()
-    def forward(self, rows: torch.Tensor, prefix: Prefix | None = None) -> torch.Tensor:
-        """Head logits [3] (fp32) of one gate prompt (see `forward_batch`)."""
-        return self.forward_batch([(rows, prefix)])[0]
 
     @torch.inference_mode()
     def forward_batch(self, requests: list[Request]) -> torch.Tensor:
@@ -273,7 +271,10 @@ class GateBranch(nn.Module):
         return torch.cat(outputs)
 
     def _forward_group(self, requests: list[Request]) -> torch.Tensor:
-        pack = _Pack.of(requests, self.prefix_keys, self.block_size)
+        # Suffix mode maps prefix positions into KV blocks of the cache's own block size (`paged_kv.gather`'s).
+        cached = self.prefix_keys and any(prefix is not None and prefix.length for _, prefix in requests)
+        block_size = self.layers[0].self_attn.attn.kv_cache.shape[2] if cached else 1
+        pack = _Pack.of(requests, self.prefix_keys, block_size)
         hidden = torch.cat([rows[0] for rows, _ in requests])  # [T, hidden]
         residual = torch.cat([rows[1] for rows, _ in requests])
         for offset, layer in enumerate(self.layers):
@@ -313,7 +314,7 @@ class GateBranch(nn.Module):
         if pack.prefix_tokens is not None:
             cache = attn.attn.kv_cache
             cached_k, cached_v = paged_kv.gather(cache, attn.attn.isa, pack.prefix_blocks,
-                                                 pack.prefix_blocks.numel() * self.block_size)
+                                                 pack.prefix_blocks.numel() * cache.shape[2])
             keys[pack.prefix_request, pack.prefix_slot] = cached_k[pack.prefix_tokens]
             values[pack.prefix_request, pack.prefix_slot] = cached_v[pack.prefix_tokens]
         queries, keys, values = queries.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2)
@@ -361,21 +362,25 @@ class GateBranch(nn.Module):
         return down if delta is None else (down.float() + delta).to(down.dtype)
 
     def workspace_bytes(self, max_query: int, element_size: int) -> int:
-        """An upper bound on the bytes one branch pass allocates at once, from its `Workspace` bounds and the
-        longest query a request has (`max_query`): the packed rows' projections and MLP (with their fp32
-        LoRA deltas), the padded queries, keys and values, the prefix K/V read from the cache and the
-        attention mask. torch's CPU SDPA (flash) keeps no [queries x keys] scores beyond the mask."""
+        """An estimate, on the generous side, of the bytes one branch pass holds at its peak, from its
+        `Workspace` bounds and the longest query a request has (`max_query`). Counted: each projection's
+        output and its copies (the fused output, the fp32 part plus its LoRA delta, the concatenated
+        result) and the LoRA input and product in `lora_dtype`; the padded queries, keys and values
+        (and their fp32 copies where attention runs in fp32); the prefix K/V decoded from the cache;
+        the mask as a bool and as the float mask SDPA makes of it. torch's SDPA (flash on CPU) keeps no
+        [queries x keys] scores beyond the mask. Not measured against the allocator: an estimate."""
         attn, mlp = self.layers[0].self_attn, self.layers[0].mlp
-        size = element_size  # of the model's activations
+        size, wide = element_size, self.lora_dtype.itemsize  # activations; LoRA arithmetic
         attend = 4 if self.attention_fp32 else size
         keys, rows = self.workspace.max_keys, self.workspace.max_rows
-        hidden = self.head.shape[1]
-        per_row = attn.q_size + 2 * attn.kv_size + mlp.gate_up_proj.output_size_per_partition + 3 * hidden
-        row_bytes = rows * per_row * (size + 4)  # each activation and its fp32 LoRA delta
+        hidden, inner = self.head.shape[1], mlp.gate_up_proj.output_size_per_partition // 2
+        projections = [(hidden, attn.q_size + 2 * attn.kv_size), (attn.q_size, hidden), (hidden, 2 * inner),
+                       (inner, hidden)]  # (in, out): qkv, o, gate_up, down
+        per_row = sum(width_in * wide + width_out * (2 * size + 2 * 4 + wide) for width_in, width_out in projections)
         kv_width = attn.num_kv_heads * attn.head_dim
         padded = keys * (attn.num_heads * attn.head_dim + 2 * kv_width) * (attend + size)
         prefix = 4 * keys * kv_width * size  # the decoded pages and their positions, keys and values
-        return row_bytes + padded + prefix + max_query * keys
+        return rows * per_row + padded + prefix + max_query * keys * (1 + 4)
 
     def memory_bytes(self) -> dict[str, int]:
         """Bytes of the tensors the branch owns (the layers are the base's): the LoRA matrices and the head,

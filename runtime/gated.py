@@ -188,7 +188,6 @@ class GateState(nn.Module):
         self.max_query = len(suffix_ids) if self.suffix_mode else max_gate_tokens
         workspace = Workspace(max_keys=max(max_gate_tokens, step_tokens), max_rows=max(self.max_query, step_tokens))
         self.branch = GateBranch(list(layers[adapter.branch_layer:]), model.model.norm, adapter, device, workspace,
-                                 vllm_config.cache_config.block_size,
                                  attention_fp32=_attention_in_fp32(vllm_config, layers[adapter.branch_layer]),
                                  prefix_keys=branch_mode != "suffix-only")
         tap = getattr(hf, "gatehead_tap", "copy")
@@ -241,13 +240,14 @@ class GateState(nn.Module):
         return logits
 
     def memory_bytes(self) -> dict[str, int]:
-        """Itemised bytes the plugin allocates (retained rows: their bound, one maximal gate prompt)."""
+        """Itemised bytes the plugin allocates (retained rows: their bound, one maximal gate prompt; the
+        branch's workspace: an estimate of one pass's peak)."""
         row_bytes = 2 * self.tap_buffer.shape[2] * self.tap_buffer.element_size()  # a (hidden, residual) pair
         return {
             **self.branch.memory_bytes(),
             "tap_buffer": self.tap_buffer.numel() * self.tap_buffer.element_size(),
             "retained_rows_bound": self.rows.max_rows * row_bytes,
-            "branch_workspace_bound": self.branch.workspace_bytes(self.max_query, self.tap_buffer.element_size()),
+            "branch_workspace_estimate": self.branch.workspace_bytes(self.max_query, self.tap_buffer.element_size()),
         }
 
 

@@ -169,7 +169,7 @@ def test_eval_kv_on_the_tiny_model(tiny: TinyModel, tmp_path: Path) -> None:
     print(f"KV tokens at the default memory fraction: stock {stock['tokens']}, shared {shared['tokens']}")
     assert report["kv_ratio"] >= 0.99 and result.returncode == 0, report["capacity"]
     assert set(report["plugin_bytes"]) == {"lora_and_head", "rotary_fp32", "tap_buffer", "retained_rows_bound",
-                                           "branch_workspace_bound"}
+                                           "branch_workspace_estimate"}
     weights = report["weights_bytes"]
     assert weights["two_engines"] - weights["one_engine"] > 0.5 * weights["base"]  # a second copy of the layers
 
