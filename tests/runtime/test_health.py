@@ -15,7 +15,8 @@ from gatehead.runtime.tiny import TinyModel
 
 
 async def fixed_run(engine: SharedEngine, prompts):
-    gates = await asyncio.gather(*(engine.gate_prompt(p.gate) for p in prompts))
+    # One arrival: the batched branch groups the gates of a step, so the grouping must not hang on timing.
+    gates = await engine.together([engine.gate_prompt(p.gate) for p in prompts])
     answers = await engine.generate_many([p.answer for p in prompts], max_tokens=24, ignore_eos=True)
     return np.array([[g.result.probs[k] for k in ("answer", "refuse", "search")] for g in gates]), \
         [a.token_ids for a in answers]
