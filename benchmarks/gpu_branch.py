@@ -16,7 +16,7 @@ intermediate 19456: 26.7 B parameters) with random bf16 weights on one GPU. Meas
   engine's graphs would do: gatehead's suffix mode runs on CPU only today, so this is the arithmetic's
   cost, not a measured gatehead path);
 - the batched prompt-mode branch: 8 gate prompts of 512 to 2,048 tokens, and 8 of 64 to 256, in one
-  pass (padded, with a mask keeping each request on its own keys, as `GateBranch.forward_batch`)
+  pass (rows packed, attention once per prompt length, unpadded, as `GateBranch.forward_batch`)
   against 8 sequential passes.
 `--smoke` (any machine, a tiny shape) checks the arithmetic: with zero LoRA the branch, the suffix branch
 on the cached K/V and the batched branch all give the full forward's head logits.
@@ -122,41 +122,41 @@ def _finish(layer, a, h: torch.Tensor, o: torch.Tensor) -> torch.Tensor:
 
 @torch.inference_mode()
 def batched_branch(model, prompts: list[torch.Tensor], adapters, head: torch.Tensor) -> torch.Tensor:
-    """The branch on B prompts' tapped rows in one pass: rows packed [T, hidden] for the projections and
-    MLP, attention padded to [B, L_max] with a mask keeping each prompt's queries causal on its own keys."""
+    """The branch on B prompts' tapped rows in one pass, as gatehead's runtime runs it: rows packed
+    [T, hidden] for the projections and MLP, attention once per prompt length, unpadded (padding to the
+    longest would round each prompt's attention differently from a pass of its own)."""
     layers = model.model.layers[-K:]
     lengths = [p.shape[0] for p in prompts]
-    batch, longest, device = len(prompts), max(lengths), prompts[0].device
-    even = len(set(lengths)) == 1
-    request = torch.cat([torch.full((n,), b, device=device) for b, n in enumerate(lengths)])
+    device = prompts[0].device
+    offsets = [0, *torch.tensor(lengths).cumsum(0).tolist()]
     slot = torch.cat([torch.arange(n, device=device) for n in lengths])
-    last = torch.tensor(lengths, device=device).cumsum(0) - 1
+    last = torch.tensor(offsets[1:], device=device) - 1
+    shapes: dict[int, list[int]] = {}
+    for b, n in enumerate(lengths):
+        shapes.setdefault(n, []).append(b)
+    # Each shape's rows in the packed stream, [b, n], and their requests' last rows.
+    rows = {n: torch.stack([torch.arange(offsets[b], offsets[b] + n, device=device) for b in bs])
+            for n, bs in shapes.items()}
     cos, sin = model.model.rotary_emb(prompts[0][None], slot[None])
     cos, sin = cos[0][None], sin[0][None]  # [1, T, D]
-    keys = torch.arange(longest, device=device)
-    visible = torch.minimum(keys[None, :], torch.tensor(lengths, device=device)[:, None] - 1)  # [B, L]
-    mask = (keys[None, None, :] <= visible[:, :, None])[:, None]  # [B, 1, L, L]
-    last_mask = (keys[None, :] <= torch.tensor(lengths, device=device)[:, None] - 1)[:, None, None]
     h = torch.cat(prompts)
     for i, layer in enumerate(layers):
         final = i == K - 1
 
-        def attend(q, k, v, final=final):
-            def pad(x):  # [heads, T, D] -> [B, heads, L, D]
-                out = x.new_zeros(batch, longest, x.shape[0], x.shape[2])
-                out[request, slot] = x.transpose(0, 1)
-                return out.transpose(1, 2)
-
-            keys_, values = pad(k), pad(v)
-            if final:  # the last row of each prompt only
-                queries = q[:, last].transpose(0, 1)[:, :, None]  # [B, H, 1, D]
-                o = F.scaled_dot_product_attention(queries, keys_, values, attn_mask=None if even else last_mask,
-                                                   enable_gqa=True)
-                return o[:, :, 0].transpose(0, 1)  # [H, B, D]
-            # Prompts of one length need no mask beyond causality: the flash kernels take them.
-            o = F.scaled_dot_product_attention(pad(q), keys_, values, attn_mask=None if even else mask,
-                                               is_causal=even, enable_gqa=True)
-            return o.transpose(1, 2)[request, slot].transpose(0, 1)  # [H, T, D]
+        def attend(q, k, v, final=final):  # [heads, T, D]
+            out = q.new_empty(q.shape[0], len(prompts) if final else q.shape[1], q.shape[2])
+            for n, bs in shapes.items():
+                index = rows[n]  # [b, n]
+                keys_, values = k[:, index].transpose(0, 1), v[:, index].transpose(0, 1)  # [b, Hkv, n, D]
+                if final:  # the last row of each prompt only
+                    queries = q[:, index[:, -1:]].transpose(0, 1)  # [b, H, 1, D]
+                    o = F.scaled_dot_product_attention(queries, keys_, values, enable_gqa=True)
+                    out[:, bs] = o[:, :, 0].transpose(0, 1)
+                else:
+                    o = F.scaled_dot_product_attention(q[:, index].transpose(0, 1), keys_, values, is_causal=True,
+                                                       enable_gqa=True)  # [b, H, n, D]
+                    out[:, index.reshape(-1)] = o.transpose(0, 1).reshape(o.shape[1], -1, o.shape[3])
+            return out
 
         o = _attention(layer, adapters[i], h, cos, sin, attend)
         h = _finish(layer, adapters[i], h[last] if final else h, o)

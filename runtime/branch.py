@@ -109,8 +109,22 @@ class Workspace:
 
 
 @dataclass(frozen=True)
+class Shape:
+    """Requests of one attention shape: `rows` queries after `cached` prefix keys. SDPA's CPU kernels pick
+    their blocking by sequence length, so requests of one shape attend in one call, unpadded, and each
+    rounds as it would alone; requests of another shape, padded to it, would not (a bf16 gate's
+    probabilities then move by up to 1e-3 with the pass's company)."""
+
+    rows: int
+    cached: int
+    members: torch.Tensor  # [b] the requests of this shape
+    mask: torch.Tensor | None  # [rows, cached + rows]: query s sees keys <= cached + s; None: plain causality
+
+
+@dataclass(frozen=True)
 class _Pack:
-    """Index maps between B requests' packed rows [T] and their padded attention layout [B, L_max]."""
+    """Index maps between B requests' packed rows [T] and their padded layout [B, L_max], and the requests
+    grouped by attention shape."""
 
     positions: torch.Tensor  # [T] absolute positions
     request: torch.Tensor  # [T] each row's request
@@ -120,9 +134,7 @@ class _Pack:
     lengths: tuple[int, ...]
     max_rows: int
     max_keys: int
-    causal_only: bool  # no prefix keys, every request as long: plain causality, no mask
-    mask: torch.Tensor | None  # [B, 1, max_rows, max_keys]: query s of request b sees keys <= prefix_b + s
-    last_mask: torch.Tensor | None  # [B, 1, 1, max_keys]: the last query of each request
+    shapes: tuple[Shape, ...]
     # Suffix mode: the KV blocks to read (each once) and where each prefix position goes.
     prefix_blocks: torch.Tensor | None = None  # [blocks]
     prefix_tokens: torch.Tensor | None = None  # [P] each prefix position's row in the blocks read
@@ -139,16 +151,14 @@ class _Pack:
         slot = torch.cat([torch.arange(n) for n in lengths])
         offsets = torch.tensor([0, *lengths]).cumsum(0)
         max_rows, max_keys = max(lengths), max(c + n for c, n in zip(cached, lengths, strict=True))
-        causal_only = not any(cached) and len(set(lengths)) == 1
-        mask = last_mask = None
-        if not causal_only:  # built on the device, only where SDPA needs it
-            keys = torch.arange(max_keys, device=device)
-            first_key = torch.tensor(cached, device=device)
-            final_key = first_key + torch.tensor(lengths, device=device) - 1
-            visible = torch.minimum(first_key[:, None] + torch.arange(max_rows, device=device)[None, :],
-                                    final_key[:, None])  # [B, max_rows]: the last key each query sees
-            mask = (keys[None, None, :] <= visible[:, :, None])[:, None]
-            last_mask = (keys[None, :] <= final_key[:, None])[:, None, None]
+        members: dict[tuple[int, int], list[int]] = {}
+        for b, shape in enumerate(zip(lengths, cached, strict=True)):
+            members.setdefault(shape, []).append(b)
+        shapes = tuple(
+            Shape(rows=n, cached=c, members=torch.tensor(bs, device=device),
+                  mask=None if not c else  # built on the device, only where causality is not enough
+                  torch.arange(c + n, device=device)[None, :] <= c + torch.arange(n, device=device)[:, None])
+            for (n, c), bs in members.items())
         fields = {}
         if any(cached):
             # Each block once (requests sharing a cached prefix share its blocks), positions mapped into them.
@@ -170,7 +180,7 @@ class _Pack:
             positions=(torch.tensor(starts)[request] + slot).to(device), request=request.to(device),
             slot=slot.to(device), key_slot=(torch.tensor(cached)[request] + slot).to(device),
             last=(offsets[1:] - 1).to(device), lengths=tuple(lengths), max_rows=max_rows, max_keys=max_keys,
-            mask=mask, last_mask=last_mask, causal_only=causal_only, **fields)
+            shapes=shapes, **fields)
 
 
 class GateBranch(nn.Module):
@@ -264,9 +274,9 @@ class GateBranch(nn.Module):
         (suffix mode) of the suffix's tokens, which follow the `prefix.length` positions in the KV cache.
 
         The requests' rows are packed into one [T, hidden] stream for the projections, norms and MLP;
-        attention pads them to [B, L_max] with a mask that keeps each request's queries on its own keys.
-        Requests are grouped (`Workspace`) so a group's padded attention is no larger than one maximal
-        request's would be."""
+        attention runs once per attention shape among them (`Shape`), so each request's result is what it
+        would be in a pass of its own, whatever company it has. Requests are grouped (`Workspace`) so a
+        group's tensors are no larger than one maximal request's or one engine step's would be."""
         outputs = [self._forward_group(group) for group in self.workspace.groups(requests)]
         return torch.cat(outputs)
 
@@ -288,7 +298,8 @@ class GateBranch(nn.Module):
             h, residual = layer.post_attention_layernorm(attn_out, residual)
             hidden = self._mlp(index, layer.mlp, h)
         normed, _ = self.final_norm[0](hidden, residual)
-        return normed.float() @ self.head.T  # [B, 3]
+        # fp64: an fp32 matmul rounds by its row count, and a request's logits must not hang on its company.
+        return (normed.double() @ self.head.double().T).float()  # [B, 3]
 
     def _attention(self, index: int, attn: nn.Module, h: torch.Tensor, pack: _Pack, last_only: bool) -> torch.Tensor:
         n, head_dim = h.shape[0], attn.head_dim
@@ -317,16 +328,21 @@ class GateBranch(nn.Module):
                                                  pack.prefix_blocks.numel() * cache.shape[2])
             keys[pack.prefix_request, pack.prefix_slot] = cached_k[pack.prefix_tokens]
             values[pack.prefix_request, pack.prefix_slot] = cached_v[pack.prefix_tokens]
-        queries, keys, values = queries.transpose(1, 2), keys.transpose(1, 2), values.transpose(1, 2)
         if self.attention_fp32:
             queries, keys, values = queries.float(), keys.float(), values.float()
-        # Requests of one length with no prefix keys need no mask beyond causality, which lets SDPA pick its
-        # flash kernels. enable_gqa shares each K/V head across its query heads without copying them.
-        mask = None if pack.causal_only else pack.last_mask if last_only else pack.mask  # [B, 1, Lq, keys]
-        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=attn.scaling,
-                                             is_causal=pack.causal_only and not last_only,
-                                             enable_gqa=True)  # [B, H, Lq, D]
-        out = out.transpose(1, 2).reshape(batch, -1, attn.q_size)
+        # One SDPA call per attention shape, unpadded (see `Shape`). enable_gqa shares each K/V head across its
+        # query heads without copying them.
+        out = queries.new_zeros(batch, queries.shape[1], heads, head_dim)
+        for shape in pack.shapes:
+            rows = 1 if last_only else shape.rows
+            q_, k_, v_ = (t[shape.members, :n].transpose(1, 2) for t, n in
+                          ((queries, rows), (keys, shape.cached + shape.rows), (values, shape.cached + shape.rows)))
+            # The last query sees all its request's keys; the others causality, after the prefix keys.
+            mask = None if last_only else shape.mask
+            attended = F.scaled_dot_product_attention(q_, k_, v_, attn_mask=mask, scale=attn.scaling,
+                                                      is_causal=not last_only and mask is None, enable_gqa=True)
+            out[shape.members, :rows] = attended.transpose(1, 2)  # [b, rows, H, D]
+        out = out.reshape(batch, -1, attn.q_size)
         out = (out[:, 0] if last_only else out[pack.request, pack.slot]).to(h.dtype)  # [rows, H*D]
         o, _ = attn.o_proj(out)
         delta = self._lora(index, "o_proj", out, reduce=True)
@@ -366,8 +382,9 @@ class GateBranch(nn.Module):
         `Workspace` bounds and the longest query a request has (`max_query`). Counted: each projection's
         output and its copies (the fused output, the fp32 part plus its LoRA delta, the concatenated
         result) and the LoRA input and product in `lora_dtype`; the padded queries, keys and values
-        (and their fp32 copies where attention runs in fp32); the prefix K/V decoded from the cache;
-        the mask as a bool and as the float mask SDPA makes of it. torch's SDPA (flash on CPU) keeps no
+        (and their fp32 copies where attention runs in fp32), one shape's unpadded copies of them, and
+        the attention output with its gathered rows; the prefix K/V decoded from the cache; the shapes'
+        masks as bools and as the float masks SDPA makes of them. torch's SDPA (flash on CPU) keeps no
         [queries x keys] scores beyond the mask. Not measured against the allocator: an estimate."""
         attn, mlp = self.layers[0].self_attn, self.layers[0].mlp
         size, wide = element_size, self.lora_dtype.itemsize  # activations; LoRA arithmetic
@@ -378,7 +395,8 @@ class GateBranch(nn.Module):
                        (inner, hidden)]  # (in, out): qkv, o, gate_up, down
         per_row = sum(width_in * wide + width_out * (2 * size + 2 * 4 + wide) for width_in, width_out in projections)
         kv_width = attn.num_kv_heads * attn.head_dim
-        padded = keys * (attn.num_heads * attn.head_dim + 2 * kv_width) * (attend + size)
+        q_width = attn.num_heads * attn.head_dim
+        padded = keys * ((q_width + 2 * kv_width) * (size + 2 * attend) + q_width * (attend + size))
         prefix = 4 * keys * kv_width * size  # the decoded pages and their positions, keys and values
         return rows * per_row + padded + prefix + max_query * keys * (1 + 4)
 

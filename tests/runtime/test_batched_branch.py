@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from gatehead.evals.workload import synthetic_prompts
+from gatehead.evals.workload import synthetic_prompts, synthetic_requests
 from gatehead.runtime.branch import Prefix, Workspace, _Pack
 
 
@@ -22,14 +22,11 @@ def test_the_pack_keeps_each_requests_queries_on_its_own_keys_causally() -> None
     assert pack.request.tolist() == [0, 0, 0, 1, 2, 2] and pack.slot.tolist() == [0, 1, 2, 0, 0, 1]
     assert pack.key_slot.tolist() == pack.slot.tolist() and pack.last.tolist() == [2, 3, 5]
     assert (pack.max_rows, pack.max_keys, pack.prefix_blocks) == (3, 3, None)
-    causal = torch.ones(3, 3, dtype=torch.bool).tril()
-    assert torch.equal(pack.mask[0, 0], causal)
-    # Padded query rows see their request's keys (their outputs are dropped), never padded keys.
-    assert pack.mask[1, 0].tolist() == [[True, False, False]] * 3
-    assert pack.mask[2, 0].tolist() == [[True, False, False], [True, True, False], [True, True, False]]
-    assert pack.last_mask[:, 0, 0].tolist() == [[True] * 3, [True, False, False], [True, True, False]]
-    assert not pack.causal_only  # uneven lengths need the mask; one length alone is plain causality
-    assert _Pack.of([(rows(3), None), (rows(3), None)], prefix_keys=True, block_size=4).causal_only
+    # One shape per length, unpadded; without prefix keys plain causality needs no mask.
+    assert [(sh.rows, sh.cached, sh.members.tolist(), sh.mask) for sh in pack.shapes] == \
+        [(3, 0, [0], None), (1, 0, [1], None), (2, 0, [2], None)]
+    alike = _Pack.of([(rows(3), None), (rows(2), None), (rows(3), None)], prefix_keys=True, block_size=4)
+    assert [(sh.rows, sh.members.tolist()) for sh in alike.shapes] == [(3, [0, 2]), (2, [1])]
 
 
 def test_the_pack_maps_suffix_rows_after_their_prefix_and_reads_shared_blocks_once() -> None:
@@ -43,13 +40,17 @@ def test_the_pack_maps_suffix_rows_after_their_prefix_and_reads_shared_blocks_on
     assert pack.prefix_tokens.tolist() == [4, 5, 6, 7, 0, 1] + [4, 5, 6, 7, 8]
     assert pack.prefix_request.tolist() == [0] * 6 + [1] * 5
     assert pack.prefix_slot.tolist() == list(range(6)) + list(range(5))
-    assert pack.mask[0, 0].tolist() == [[True] * 7 + [False], [True] * 8, [True] * 8]
-    assert pack.mask[1, 0].tolist() == [[True] * 6 + [False] * 2, [True] * 7 + [False], [True] * 8]
+    # Each shape's queries see the prefix keys and, causally, their own; one mask per shape, unpadded.
+    first, second = pack.shapes
+    assert (first.rows, first.cached, first.members.tolist()) == (2, 6, [0])
+    assert first.mask.tolist() == [[True] * 7 + [False], [True] * 8]
+    assert (second.rows, second.cached, second.members.tolist()) == (3, 5, [1])
+    assert second.mask.tolist() == [[True] * 6 + [False] * 2, [True] * 7 + [False], [True] * 8]
     # The negative control attends to the suffix alone, at the same absolute positions.
     blind = _Pack.of(requests, prefix_keys=False, block_size=4)
     assert blind.positions.tolist() == pack.positions.tolist() and blind.prefix_blocks is None
     assert blind.key_slot.tolist() == [0, 1, 0, 1, 2] and blind.max_keys == 3
-    assert not _Pack.of([(rows(2), Prefix(6, (7, 2)))], prefix_keys=True, block_size=4).causal_only
+    assert [(sh.rows, sh.cached, sh.mask) for sh in blind.shapes] == [(2, 0, None), (3, 0, None)]
 
 
 def test_a_group_stays_within_one_maximal_request_or_one_step() -> None:
@@ -69,3 +70,24 @@ def test_prompt_mode_gates_batched_in_one_pass_equal_each_gated_alone(shared_eag
     print(f"prompt mode: {per_pass:.1f} gate prompts per branch pass; batched vs alone max |dp| {delta:.2e}")
     assert per_pass >= 2, "the gates arrived together: their branch passes must be shared"
     assert delta <= 1e-3
+
+
+def test_gates_of_uneven_lengths_equal_each_gated_alone_in_any_company(shared_eager, loop,
+                                                                       alone_and_together) -> None:
+    """Prompts of one to several hundred tokens, in three different groupings: a pass's result must not hang on which
+    other requests share it (which ones do depends on arrival timing)."""
+    prompts = [shared_eager.prompts.build(r.question, r.passages, r.conversation).gate
+               for r in synthetic_requests(6, 21, max_passages=0) + synthetic_requests(6, 22, max_passages=8)]
+    lengths = sorted(len(p) for p in prompts)
+    assert lengths[-1] >= 2 * lengths[0], lengths
+    alone, together, per_pass = loop.run(alone_and_together(shared_eager, prompts))
+    backwards = loop.run(alone_and_together(shared_eager, prompts[::-1]))[1][::-1]
+    halves = np.concatenate([loop.run(alone_and_together(shared_eager, prompts[i::2]))[1] for i in (0, 1)])
+    halves = halves[np.argsort([*range(0, 12, 2), *range(1, 12, 2)])]
+    deltas = [float(np.abs(alone - other).max()) for other in (together, backwards, halves)]
+    print(f"uneven lengths {lengths[0]}-{lengths[-1]}: {per_pass:.1f} gate prompts per branch pass; "
+          f"batched vs alone max |dp| {max(deltas):.2e} (all, reversed, halves: {deltas})")
+    assert per_pass >= 2, "the gates arrived together: their branch passes must be shared"
+    # Issue 26 allows 1e-3 between batched and alone; the branch claims more, that company changes nothing:
+    # one bf16 rounding moved by the padding shows as ~1e-4 here (padded attention measured 1.7e-4).
+    assert max(deltas) <= 1e-6
