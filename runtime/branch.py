@@ -113,7 +113,7 @@ class Shape:
     """Requests of one attention shape: `rows` queries after `cached` prefix keys. SDPA's CPU kernels pick
     their blocking by sequence length, so requests of one shape attend in one call, unpadded, and each
     rounds as it would alone; requests of another shape, padded to it, would not (a bf16 gate's
-    probabilities then move by up to 1e-3 with the pass's company)."""
+    probabilities then moved with the pass's company: 1.7e-4 and 1.7e-3 measured on the tiny model)."""
 
     rows: int
     cached: int
