@@ -71,7 +71,7 @@ class AgentState(TypedDict, total=False):
     answer: str
     finish_reason: str  # why the answer ended: "stop", or "length" at the token budget
     dropped: dict  # what the context budget left out of the last gate prompt: turns, passage sources
-    timings: Annotated[list[dict], _log]  # per node run: node, seconds (+ ttft, cached tokens for generate)
+    timings: Annotated[list[dict], _log]  # per node run: node, seconds (+ ttft, cached and answer tokens for generate)
     error: str
 
 
@@ -216,17 +216,18 @@ def build_graph(engine, store: Retriever, config: AgentConfig = AgentConfig(), c
         prompt = engine.prompts.build(state["ask"], [as_passage(p) for p in state["passages"]],
                                       _turns(state["history"]))
         writer = get_stream_writer()
-        started, first, text, cached = time.perf_counter(), None, "", 0
+        started, first, text, cached, tokens = time.perf_counter(), None, "", 0, 0
         context, finish = _context(), None
         async for out in engine.stream(prompt.answer, max_tokens=context.max_answer_tokens or config.max_answer_tokens,
                                        cache_salt=context.cache_salt):
+            if out.token_ids and first is None:  # the first token, whether or not it decodes to text yet
+                first = time.perf_counter() - started
             if out.text != text:
-                first = first if first is not None else time.perf_counter() - started
                 writer({"token": out.text[len(text):]})
                 text = out.text
-            cached, finish = out.num_cached_tokens, out.finish_reason
+            cached, finish, tokens = out.num_cached_tokens, out.finish_reason, len(out.token_ids)
         return {"answer": text.strip(), "decision": "answer", "finish_reason": finish or "stop",
-                "_timing": {"ttft": round(first or 0.0, 6), "cached_tokens": cached,
+                "_timing": {"ttft": round(first or 0.0, 6), "cached_tokens": cached, "answer_tokens": tokens,
                             "prompt_tokens": len(prompt.answer)}}
 
     async def refusal(state: AgentState) -> dict:
@@ -287,7 +288,7 @@ class TurnResult:
     queries: list[str]  # every retrieval query
     passages: list[Passage]  # those the last gate and the answer saw, in prompt order
     dropped: dict  # what the context budget left out of the last gate prompt: turn indices, passage sources
-    timings: list[dict]  # per node run, in order: node, seconds (+ ttft, cached_tokens for generate)
+    timings: list[dict]  # per node run, in order: node, seconds (+ ttft, cached_tokens, answer_tokens for generate)
     error: str = ""
     finish_reason: str = "stop"  # "length" when the answer stopped at its token budget
 

@@ -9,7 +9,7 @@ model, the same retrieval store, the same KV memory and the same cores (`gatehea
 - (b) two engines: stock vLLM for generation beside the dedicated gate engine (`gatehead
   export-dedicated` on stock vLLM's pooling runner, prefix caching on), each with half the KV memory
   and, by default, half the cores (`--two-engine-cores shared`: both on all cores);
-- (c) no gate: the engine of (a) answering every turn without a gate;
+- (c) no gate: an engine like (a)'s (its adapter loaded) answering every turn without a gate;
 - (d) prompted judge: a stock engine (no adapter) asked after the gate prompt's prefix whether to
   answer, refuse or search, scored on the label words' next-token logprobs (reads the prefix cache).
 Every turn answers: the thresholds are set so every gate decides "answer" whatever the probabilities
@@ -130,15 +130,16 @@ def _percentile(values: Sequence[float], q: float) -> float:
 
 def _turn_figures(result, seconds: float) -> dict:
     by_node: dict[str, float] = {}
-    ttft = None
+    ttft, answer_tokens = None, 0
     for t in result.timings:
         by_node[t["node"]] = by_node.get(t["node"], 0.0) + t["seconds"]
         if t["node"] == "generate":
-            ttft = t.get("ttft")
+            ttft, answer_tokens = t.get("ttft"), t.get("answer_tokens", 0)
     if result.decision != "answer" or ttft is None:
         raise RuntimeError(f"a benchmark turn did not answer: decision {result.decision!r}, error {result.error!r}")
     return {"seconds": seconds, "gate": by_node.get("gate", 0.0), "ttft": ttft,
             "retrieve": by_node.get("retrieve", 0.0), "generate": by_node.get("generate", 0.0),
+            "answer_tokens": answer_tokens,
             "decision": result.gates[-1]["decision"] if result.gates else ""}
 
 
@@ -148,7 +149,9 @@ def _summary(turns: Sequence[dict], wall: float) -> dict:
             "e2e_p50_ms": 1000 * _percentile(seconds, 0.5), "e2e_p95_ms": 1000 * _percentile(seconds, 0.95),
             "gate_mean_ms": 1000 * statistics.mean(t["gate"] for t in turns),
             "ttft_mean_ms": 1000 * statistics.mean(t["ttft"] for t in turns),
-            "retrieve_mean_ms": 1000 * statistics.mean(t["retrieve"] for t in turns)}
+            "retrieve_mean_ms": 1000 * statistics.mean(t["retrieve"] for t in turns),
+            "generate_mean_ms": 1000 * statistics.mean(t["generate"] for t in turns),
+            "answer_tokens_mean": statistics.mean(t["answer_tokens"] for t in turns)}
 
 
 async def _ask(agent, question: str, thread_id: str, answer_tokens: int) -> dict:
@@ -307,8 +310,10 @@ async def _repeated(config: BenchConfig, setup, engine: SharedEngine | None, cor
     return out
 
 
-def run(config: BenchConfig, log=print) -> dict:
-    """Every setup in `config.setups`, one after the other on this machine (see the module docstring)."""
+def run(config: BenchConfig, log=print, on_setup=None) -> dict:
+    """Every setup in `config.setups`, one after the other on this machine (see the module docstring).
+    `on_setup(results)`, if given, is called with the runs measured so far (setup -> runs) each time a
+    setup finishes, so a stopped run keeps what it measured."""
     from gatehead.agent.graph import AgentConfig
     from gatehead.demo.index import open_demo_store
     from gatehead.evals.kv import checkpoint_bytes
@@ -347,6 +352,8 @@ def run(config: BenchConfig, log=print) -> dict:
                         log(SETUPS[key])
                         results[key] = await _repeated(config, make(engine), engine if key != "c_ungated" else None,
                                                        corpus, engine.reset_prefix_cache, store, agent_config, log)
+                        if on_setup is not None:
+                            on_setup(results)
                     memory[name] = {"kv_tokens": engine.kv_tokens, "rss_bytes": _rss(engine.engine_pids()),
                                     "plugin_bytes": await engine.plugin_memory()}
 
@@ -356,9 +363,8 @@ def run(config: BenchConfig, log=print) -> dict:
                     engine.shutdown()
 
             wanted = set(config.setups)
-            if wanted & {"a_prompt", "c_ungated"} or "memory" in config.workloads:
-                on_engine("shared_prompt", config.adapter,
-                          {k: f for k, f in (("a_prompt", SharedGate), ("c_ungated", Ungated)) if k in wanted})
+            if "c_ungated" in wanted or ("memory" in config.workloads and "a_prompt" not in wanted):
+                on_engine("shared_prompt", config.adapter, {"c_ungated": Ungated} if "c_ungated" in wanted else {})
             if "a_suffix" in wanted:
                 on_engine("shared_suffix", config.suffix_adapter, {"a_suffix": SharedGate})
             if "d_judge" in wanted or "memory" in config.workloads:
@@ -382,6 +388,8 @@ def run(config: BenchConfig, log=print) -> dict:
                     results["b_two_engines"] = asyncio.run(_repeated(
                         config, TwoEngines(generator, dedicated, adapter), None, corpus, reset_both, store,
                         agent_config, log))
+                    if on_setup is not None:
+                        on_setup(results)
                     memory["two_engines"] = {"generator_kv_tokens": generator.kv_tokens,
                                              "gate_kv_tokens": dedicated.kv_tokens,
                                              "gate_prefix_caching": dedicated.prefix_caching,
@@ -391,6 +399,8 @@ def run(config: BenchConfig, log=print) -> dict:
                     generator.shutdown()
                     if dedicated is not None:
                         dedicated.shutdown()
+            if "a_prompt" in wanted:  # last: the slowest setup (it recomputes whole prompts of up to 8k tokens)
+                on_engine("shared_prompt", config.adapter, {"a_prompt": SharedGate})
         finally:
             store.close()
     if "memory" in config.workloads:
@@ -445,17 +455,26 @@ def main(args) -> int:
                          prefix_repeats=args.prefix_repeats, runs=args.runs, setups=setups,
                          workloads=tuple(args.workloads))
     started = time.time()
-    figures = run(config)
-    result = {"command": " ".join(["gatehead", *sys.argv[1:]]), "machine": _machine(),
-              "model": args.model, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()},
+    header = {"command": " ".join(["gatehead", *sys.argv[1:]]), "machine": _machine(), "model": args.model,
+              "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()}}
+    partial = Path(args.out).with_suffix(".partial.json") if args.out else None
+    if partial is not None:
+        partial.parent.mkdir(parents=True, exist_ok=True)
+
+    def keep(results: dict) -> None:  # the setups finished so far, raw runs: the tables need every setup
+        partial.write_text(json.dumps({**header, "finished": sorted(results), "runs_by_setup": results},
+                                      indent=2) + "\n")
+
+    figures = run(config, on_setup=keep if partial is not None else None)
+    result = {**header, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "seconds": round(time.time() - started, 1), **figures}
     text = tables(figures)
     print(text)
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
         Path(args.out).with_suffix(".md").write_text(text)
+        if partial is not None and partial.exists():
+            partial.unlink()
     return 0
 
 
