@@ -22,6 +22,7 @@ from pathlib import Path
 from gatehead.gate.policy import LABELS, Thresholds, gate_result
 from gatehead.gate.prompt import Prompt, PromptBuilder, PromptConfig, encode_untrusted
 from gatehead.runtime.engine import GateOutcome, SharedEngine, _last
+from gatehead.runtime.plugin import stock_vllm
 
 ALWAYS_ANSWER = Thresholds(answer=0.0, refuse=1.0)
 JUDGE_INSTRUCTION = ("\n\nShould the assistant answer from these documents, refuse, or search for more? "
@@ -43,7 +44,8 @@ class DedicatedGate:
                     gpu_memory_utilization=memory_fraction, enforce_eager=eager, seed=0, enable_prefix_caching=True)
         if block_size:
             args["block_size"] = block_size
-        self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+        with stock_vllm():  # stock vLLM: no gatehead code in its processes
+            self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
 
     async def probs(self, prompt_ids: Sequence[int]) -> dict[str, float]:
         from vllm import PoolingParams

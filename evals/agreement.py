@@ -18,6 +18,7 @@ import numpy as np
 
 from gatehead.gate.policy import LABELS, Thresholds, decide_all
 from gatehead.runtime.engine import SharedEngine
+from gatehead.runtime.plugin import stock_vllm
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,8 @@ def dedicated_gate_probs(export_dir: str | Path, prompts: Sequence[Sequence[int]
     """Gate probabilities [n, 3] (canonical order) from stock vLLM's pooling runner on `export_dir`."""
     from vllm import LLM
 
-    llm = LLM(model=str(export_dir), runner="pooling", **engine_args)
+    with stock_vllm():  # stock vLLM: no gatehead code in its processes
+        llm = LLM(model=str(export_dir), runner="pooling", **engine_args)
     try:
         outputs = llm.classify([{"prompt_token_ids": list(p)} for p in prompts], use_tqdm=False)
     finally:

@@ -21,7 +21,7 @@ from typing import Any, Literal, TypeVar
 from gatehead.gate.adapter import GateAdapter, load_gate_adapter
 from gatehead.gate.policy import LABELS, GateResult, Thresholds, gate_result
 from gatehead.gate.prompt import Passage, Prompt, PromptBuilder, PromptConfig, Turn, reserved_token_id
-from gatehead.runtime.plugin import GATE_FLAG, GATED_ARCHITECTURES, SUFFIX_FLAG
+from gatehead.runtime.plugin import GATE_FLAG, GATED_ARCHITECTURES, SUFFIX_FLAG, register, stock_vllm
 from gatehead.runtime.stats import EngineStats, stat_logger_factory
 
 T = TypeVar("T")
@@ -158,7 +158,14 @@ class SharedEngine:
         # several steps (its runner rewinds the request's generator offset, which CPU generators lack).
         self.seeded_sampling = not current_platform.is_cpu()
         self._stats = EngineStats()
-        self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), stat_loggers=[stat_logger_factory(self._stats)])
+        loggers = [stat_logger_factory(self._stats)]
+        if self.adapter is None:
+            # A stock engine: its processes load vLLM's other plugins, not gatehead's.
+            with stock_vllm():
+                self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), stat_loggers=loggers)
+        else:
+            register()  # in this process too: its plugins may have been loaded inside `stock_vllm()`
+            self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), stat_loggers=loggers)
 
     # ----- generation -------------------------------------------------------------------------
 

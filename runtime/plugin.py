@@ -16,6 +16,9 @@ where the tap sees it. Every other request's lookup is left as vLLM made it.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 GATED_ARCHITECTURES = {
@@ -41,11 +44,53 @@ def suffix_length(params: Any) -> int:
     return length if isinstance(length, int) and not isinstance(length, bool) and length > 0 else 0
 
 
+PLUGIN_NAME = "gatehead"  # this package's `vllm.general_plugins` entry point
+
+
+def other_vllm_plugins() -> list[str]:
+    """The plugins vLLM would load, gatehead's left out (`VLLM_PLUGINS` narrows them, as in vLLM).
+
+    Every `vllm.*` entry point group counts: `VLLM_PLUGINS` filters all of them (platform plugins too).
+    """
+    from importlib.metadata import entry_points
+
+    found = entry_points()
+    names = [e.name for group in found.groups if group.startswith("vllm.") for e in found.select(group=group)]
+    allowed = os.environ.get("VLLM_PLUGINS")
+    if allowed is not None:
+        names = [n for n in names if n in allowed.split(",")]
+    return sorted({n for n in names if n != PLUGIN_NAME})
+
+
+@contextmanager
+def stock_vllm() -> Iterator[None]:
+    """Start engines inside this block without gatehead's plugin: their processes run no gatehead code.
+
+    vLLM loads every `vllm.general_plugins` entry point in each process it starts unless
+    `VLLM_PLUGINS` names the ones to load; this sets it to the others for the block. Spawned engine
+    processes read it when they start. An engine core run inside this process
+    (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, as the test suite does) shares this process's vLLM, where
+    gatehead's plugin may already be loaded: only the multi-process layout gives a stock process.
+    """
+    previous = os.environ.get("VLLM_PLUGINS")
+    os.environ["VLLM_PLUGINS"] = ",".join(other_vllm_plugins())
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("VLLM_PLUGINS", None)
+        else:
+            os.environ["VLLM_PLUGINS"] = previous
+
+
 def register() -> None:
+    """Register the gated architectures and wrap the runner and the prefix-cache lookup (idempotent)."""
     from vllm import ModelRegistry
 
+    known = set(ModelRegistry.get_supported_archs())
     for gated in GATED_ARCHITECTURES.values():
-        ModelRegistry.register_model(gated, f"gatehead.runtime.gated:{gated}")
+        if gated not in known:
+            ModelRegistry.register_model(gated, f"gatehead.runtime.gated:{gated}")
     _wrap_model_forward()
     _wrap_prefix_cache_lookup()
 
