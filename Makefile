@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # where the machine has one (find-links), else from PyTorch's CPU index (PyPI has only CUDA builds).
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: install browser demo test lint clean
+.PHONY: install browser demo test figures lint clean
 
 install: $(VENV)/.installed
 
@@ -34,6 +34,10 @@ test: install browser
 demo: install
 	$(BIN)/gatehead info
 	$(BIN)/gatehead demo
+
+# Every figure the README reports, re-measured into docs/figures/ (hours: `gatehead figures --list`).
+figures: install
+	$(BIN)/gatehead figures
 
 lint: install
 	$(BIN)/ruff check .

@@ -471,6 +471,12 @@ def _eval_arguments(p: argparse.ArgumentParser, memory_fraction: float | None = 
     p.add_argument("--ledger", type=Path, help="the ledger to append to (default: eval-runs/ledger.jsonl)")
 
 
+def _figures(args: argparse.Namespace) -> int:
+    from gatehead.figures import main as figures
+
+    return figures(args)
+
+
 def _bench(args: argparse.Namespace) -> int:
     from gatehead.benchmarks.side_by_side import main as bench
 
@@ -778,6 +784,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="(b): half the cores each (split) or all cores for both (shared)")
     p.add_argument("--out", type=Path, help="write the figures as JSON here (and the tables beside it, .md)")
     p.set_defaults(func=_bench)
+
+    p = commands.add_parser("figures", help="re-measure the README's figures, each into docs/figures/<item>.json",
+                            description="Runs figures.py's items (its docstring says what each file holds).")
+    p.add_argument("--only", nargs="+", metavar="ITEM", help="these items only (--list names them)")
+    p.add_argument("--list", action="store_true", help="list the items, their commands and expected minutes")
+    p.add_argument("--reread", action="store_true", help="read sealed held-out data again on the same model")
+    p.add_argument("--readme", action="store_true", help="re-render the README's figure blocks from their files")
+    p.add_argument("--dir", type=Path, default=Path("docs/figures"), help="where results go (default docs/figures)")
+    p.add_argument("--logs", type=Path, help="keep each item's log here (default: beside its temporary output)")
+    p.set_defaults(func=_figures)
 
     p = commands.add_parser("demo", help="run the agent over scripted demo questions: transcript and summary")
     p.add_argument("question", nargs="*", help="questions to ask instead, one thread each")

@@ -129,3 +129,104 @@ def tables(figures: dict) -> str:
     parts.append("Ratios (median, min, max over the runs)\n\n```\n" + json.dumps(figures["ratios"], indent=1) + "\n```")
     parts.append("Targets\n\n```\n" + json.dumps(figures["targets"], indent=1) + "\n```")
     return "\n\n".join(parts) + "\n"
+
+
+def _n(value: float, digits: int = 0) -> str:
+    return f"{value:,.{digits}f}"
+
+
+def _ratio(figure: dict, digits: int = 2) -> str:
+    return f"{figure['median']:.{digits}f} ({figure['min']:.{digits}f}-{figure['max']:.{digits}f})"
+
+
+TARGET_TEXT = {
+    "suffix_gate_adds_at_most_10pct_to_e2e_p50": "(a') adds <= 10% to e2e p50 against (c)",
+    "suffix_throughput_at_least_1.5x_two_engines": "(a') >= 1.5x the throughput of (b)",
+    "suffix_gate_latency_at_most_the_judges": "(a') gate latency <= (d)'s after a cached prefix",
+    "kv_capacity_within_1pct_of_stock": "KV capacity within 1% of stock",
+}
+
+
+def threads_table(figures: dict) -> str:
+    """The five-turn threads' e2e p50 against (c), turn by turn, and the gate's mean ms per turn ("" if none)."""
+    from gatehead.evals.run import table as markdown_table
+
+    setups, r = figures["setups"], figures["ratios"]
+    threaded = [s for s in ("a_suffix", "a_prompt", "b_two_engines") if f"multi_turn_e2e_p50_{s}_over_c" in r]
+    if not threaded:
+        return ""
+    turns = len(r[f"multi_turn_e2e_p50_{threaded[0]}_over_c"])
+    rows = [[SETUP_NAMES[s].split(" ")[0]] + [_ratio(x) for x in r[f"multi_turn_e2e_p50_{s}_over_c"]]
+            + [", ".join(_n(t["gate_mean_ms"]["median"]) for t in setups[s]["multi_turn"]["by_turn"])]
+            for s in threaded]
+    return markdown_table(["setup"] + [f"turn {i + 1}" for i in range(turns)] + [f"gate ms, turns 1-{turns}"], rows)
+
+
+def readme_tables(figures: dict) -> str:
+    """The README's summary of one `gatehead bench` results file (the README's figure blocks render this)."""
+    from gatehead.evals.run import table as markdown_table
+
+    setups, r = figures["setups"], figures["ratios"]
+    m = figures.get("machine", {})
+    minutes = figures.get("seconds", 0) / 60
+    took = f"{int(minutes // 60)} h {round(minutes % 60)} min" if minutes >= 60 else f"{minutes:.0f} min"
+    header = (f"`{figures['command']}`: {figures.get('date', '')[:10]}, {m.get('cpus')} cores "
+              f"(bf16 by {m.get('bf16')}), {took}. Medians over {figures['config']['runs']} runs, (min-max) of "
+              "the run-by-run ratios:")
+    levels = sorted({int(k.removeprefix("single_c")) for s in setups.values() for k in s if k.startswith("single_")})
+    parts = [header]
+    rows = []
+    for label, key in (("turns/s (a') / (b)", "throughput_a_suffix_over_b"), ("turns/s (a) / (b)",
+                       "throughput_a_prompt_over_b"), ("e2e p50 (a') / (c)", "e2e_p50_a_suffix_over_c"),
+                       ("e2e p50 (a) / (c)", "e2e_p50_a_prompt_over_c")):
+        if all(f"single_c{c}_{key}" in r for c in levels):
+            rows.append([label] + [_ratio(r[f"single_c{c}_{key}"]) for c in levels])
+    parts.append(markdown_table([""] + [f"concurrency {c}" for c in levels], rows))
+    present = [s for s in SETUP_NAMES if s in setups]
+    slash = " / ".join(str(c) for c in levels)
+    rows = [[SETUP_NAMES[s]] + [" / ".join(_n(setups[s][f"single_c{c}"][m]["median"], d) for c in levels)
+                                 for m, d in (("turns_per_s", 3), ("gate_mean_ms", 0), ("ttft_mean_ms", 0),
+                                              ("e2e_p50_ms", 0))] for s in present]
+    parts.append(markdown_table([f"setup, concurrency {slash}", "turns/s", "gate ms", "answer TTFT ms",
+                                 "e2e p50 ms"], rows))
+    threads = threads_table(figures)
+    if threads:
+        parts.append("Five-turn threads, e2e p50 against (c) per turn, and the gate's mean ms per turn:\n\n" + threads)
+    if "prefix_reuse" in setups.get("a_suffix", {}):
+        judge = {x["target_tokens"]["median"]: x for x in setups.get("d_judge", {}).get("prefix_reuse", [])}
+        prompt = {x["target_tokens"]["median"]: x for x in setups.get("a_prompt", {}).get("prefix_reuse", [])}
+        over = r.get("prefix_gate_cached_a_suffix_over_d", {})
+        rows = []
+        for x in setups["a_suffix"]["prefix_reuse"]:
+            t = x["target_tokens"]["median"]
+            key = str(int(t)) if str(int(t)) in over else int(t)
+            rows.append([_n(x["gate_prompt_tokens"]["median"]), _n(x["gate_cached_prefix_ms"]["median"]),
+                         _n(judge[t]["gate_cached_prefix_ms"]["median"]) if t in judge else "",
+                         _n(prompt[t]["gate_cached_prefix_ms"]["median"]) if t in prompt else "",
+                         _ratio(over[key]) if key in over else "",
+                         f"{_n(x['after_gate_ttft_ms']['median'])}, {_n(x['cold_ttft_ms']['median'])}"])
+        parts.append("Gate latency after a cached prefix (ms), and the answer's time to first token right after "
+                     "(a') on the same prefix against cold:\n\n" + markdown_table(
+                         ["gate prompt tokens", "(a') suffix gate", "(d) prompted judge", "(a) prompt-mode gate",
+                          "(a') / (d)", "answer TTFT after (a'), cold"], rows))
+    memory, mib = figures.get("memory", {}), 1 << 20
+    if "weights_bytes" in memory:
+        line = (f"Weights: {_n(memory['weights_bytes']['one_engine'] / mib, 1)} MiB in one engine, "
+                f"{_n(memory['weights_bytes']['two_engines'] / mib, 1)} MiB in two.")
+        if "shared_suffix" in memory and "stock" in memory:
+            line += (f" KV tokens at memory fraction {figures['config']['memory_fraction']}: suffix-mode shared "
+                     f"{_n(memory['shared_suffix']['kv_tokens'])}, stock {_n(memory['stock']['kv_tokens'])} "
+                     f"({memory['kv_ratio_shared_suffix_vs_stock']:.4f})")
+            if "shared_prompt" in memory:
+                line += (f"; prompt-mode shared {_n(memory['shared_prompt']['kv_tokens'])} "
+                         f"({memory['kv_ratio_shared_prompt_vs_stock']:.4f})")
+            if "two_engines" in memory:
+                line += (f"; the two engines {_n(memory['two_engines']['generator_kv_tokens'])} and "
+                         f"{_n(memory['two_engines']['gate_kv_tokens'])}")
+            line += "."
+        parts.append(line)
+    met = [f"{TARGET_TEXT.get(k, k)}: {'**met**' if v['met'] else '**not met**'}"
+           for k, v in figures.get("targets", {}).items()]
+    if met:
+        parts.append("Targets (`targets` in the JSON, on the medians): " + "; ".join(met) + ".")
+    return "\n\n".join(p.strip() for p in parts) + "\n"

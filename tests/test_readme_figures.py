@@ -1,0 +1,45 @@
+"""The README's figure tables are rendered from committed results files, and describe the committed model."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from gatehead import figures
+from gatehead.figures import BLOCK, fingerprints, readme_problems, render_block
+
+BENCH = "benchmarks/results/bench_random_cpu.json"
+
+
+def test_readme_figure_blocks_match_their_results_files() -> None:
+    text = (figures.ROOT / "README.md").read_text()
+    sources = {m["source"] for m in BLOCK.finditer(text)}
+    assert {BENCH, "benchmarks/results/bench_demo_cpu.json"} <= sources
+    assert readme_problems(text) == []
+
+
+def test_a_stale_table_a_missing_file_and_another_model_are_caught(tmp_path: Path) -> None:
+    root = tmp_path
+    (root / "benchmarks/results").mkdir(parents=True)
+    shutil.copy(figures.ROOT / BENCH, root / BENCH)
+    block = f"<!-- figures {BENCH} bench -->\n{render_block(BENCH, 'bench', root)}<!-- /figures -->"
+    assert readme_problems(block, root) == []
+    data = json.loads((root / BENCH).read_text())
+    data["ratios"]["single_c1_throughput_a_suffix_over_b"]["median"] += 0.5
+    (root / BENCH).write_text(json.dumps(data))
+    assert readme_problems(block, root) == [f"{BENCH} (bench): the README's table differs from the file's figures"]
+    assert readme_problems(block.replace(BENCH, "benchmarks/results/gone.json"), root) == [
+        "benchmarks/results/gone.json: missing"]
+    # An envelope from `gatehead figures`: its fingerprints must be the committed model's.
+    item = figures.by_name(["bench-demo"])[0]
+    for _, rel in item.fingerprints:
+        shutil.copytree(figures.ROOT / rel, root / rel)
+    envelope = {"item": item.name, "fingerprints": fingerprints(item, root), "results": data}
+    (root / "docs/figures").mkdir(parents=True)
+    (root / "docs/figures/bench-demo.json").write_text(json.dumps(envelope))
+    source = "docs/figures/bench-demo.json"
+    block = f"<!-- figures {source} bench -->\n{render_block(source, 'bench', root)}<!-- /figures -->"
+    assert readme_problems(block, root) == []
+    (root / "demo/adapter/adapter_model.safetensors").write_bytes(b"another adapter")
+    assert readme_problems(block, root) == [f"{source}: measured on another model or adapter than the committed one"]
