@@ -106,11 +106,15 @@ def run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([GATEHEAD, "eval", *args], capture_output=True, text=True, cwd=cwd, timeout=1200)
 
 
-def check_outputs(result: subprocess.CompletedProcess, out: Path, ledger: Path, name: str, plots: list[str]) -> dict:
-    """The run's files and ledger line agree with its exit code; returns result.json."""
-    assert result.returncode in (0, 1), result.stderr[-3000:]
-    report = json.loads((out / "result.json").read_text())
-    assert report["verdict"] == ("pass" if result.returncode == 0 else "fail")
+def check_outputs(result: subprocess.CompletedProcess, out: Path, ledger: Path, name: str, plots: list[str],
+                  must_pass: bool = True) -> dict:
+    """The run passed (or, with `must_pass=False`, exited as its verdict says), and its files and ledger line
+    say so; returns result.json. The callers that do not require a pass check the verdict against the rule."""
+    report = json.loads((out / "result.json").read_text()) if (out / "result.json").exists() else {}
+    assert report, result.stderr[-3000:]
+    assert result.returncode == (0 if report["verdict"] == "pass" else 1), result.stderr[-3000:]
+    if must_pass:
+        assert report["verdict"] == "pass", (read_ledger(ledger)[-1].get("summary"), result.stderr[-3000:])
     assert report["eval"] == name and (out / "report.md").read_text().startswith(f"# gatehead eval {name}")
     for plot in plots:
         assert (out / plot).read_bytes()[:4] == b"\x89PNG"
@@ -127,15 +131,13 @@ def test_eval_stability_on_the_tiny_model(tiny: TinyModel, tmp_path: Path) -> No
     result = run("stability", *tiny_args(tiny), "-n", "6", "--max-tokens", "24", "--out", str(tmp_path / "s"),
                  "--ledger", str(tmp_path / "ledger.jsonl"), cwd=tmp_path)
     report = check_outputs(result, tmp_path / "s", tmp_path / "ledger.jsonl", "stability", ["stability.png"])
-    # The rule itself is asserted on the tiny model in tests/runtime/test_fidelity.py, on warmed engines; here
-    # the CLI's verdict must be the rule applied to the figures it reports (a loaded CI machine can split a
-    # batch submitted together, which moves bf16 logprobs in stock and shared engines alike).
+    # The verdict is the rule applied to the figures it reports (requests are submitted as one arrival).
     for variant in report["variants"].values():
         stock, shared = variant["stock_vs_stock"], variant["shared_vs_stock"]
         identical = stock["differing"] == 0 and stock["max_abs_dlogprob"] == 0
         assert variant["passed"] == (shared["differing"] <= stock["differing"] and (
             not identical or (shared["differing"] == 0 and shared["max_abs_dlogprob"] == 0))), variant
-    assert (result.returncode == 0) == all(v["passed"] for v in report["variants"].values() if v["judged"])
+    assert all(v["passed"] for v in report["variants"].values() if v["judged"])
     assert set(report["variants"]) == {"plain", "mixed", "tap-only", "no-tap"}
     assert report["variants"]["mixed"]["shared_vs_stock"]["requests"] == 6
     assert "stability passes" in result.stderr  # the progress bar
@@ -144,8 +146,16 @@ def test_eval_stability_on_the_tiny_model(tiny: TinyModel, tmp_path: Path) -> No
 def test_eval_agreement_on_the_tiny_model(tiny: TinyModel, tmp_path: Path) -> None:
     result = run("agreement", *tiny_args(tiny), "-m", "24", "--out", str(tmp_path / "a"),
                  "--ledger", str(tmp_path / "ledger.jsonl"), cwd=tmp_path)
-    report = check_outputs(result, tmp_path / "a", tmp_path / "ledger.jsonl", "agreement", ["agreement.png"])
+    # The eval's rule (evals/RULES.md: shared vs dedicated max |dp| <= 0.02) is the demo model's. On a random
+    # tiny adapter the dedicated engine's merged bf16 LoRA alone moves a gate by about as much (measured
+    # 0.024 on an AVX-512 BF16 CPU without AMX, over 0.02): the verdict must follow the rule, and the claim
+    # checked here is the shared engine's distance beyond the merge, within bf16's own noise.
+    report = check_outputs(result, tmp_path / "a", tmp_path / "ledger.jsonl", "agreement", ["agreement.png"],
+                           must_pass=False)
     pairs = report["pairs"]
+    assert (report["verdict"] == "pass") == (pairs["shared vs dedicated"]["max_dp"] <= 0.02)
+    assert report["max_dp_beyond_merge"] <= pairs["HF bf16 vs HF fp32"]["max_dp"]
+    assert pairs["shared vs HF fp32"]["max_dp"] <= report["bf16_bounds"]["shared vs HF fp32, max |dp|"]["bound"]
     assert set(pairs) == {"shared vs dedicated", "shared vs HF fp32", "dedicated vs HF fp32", "HF bf16 vs HF fp32",
                           "HF bf16 merged vs unmerged"}
     assert f"beyond what the LoRA merge alone moves the same gate in HF bf16: {report['max_dp_beyond_merge']:.4f}" \
@@ -156,7 +166,6 @@ def test_eval_agreement_on_the_tiny_model(tiny: TinyModel, tmp_path: Path) -> No
     assert bounds["shared vs dedicated, max |dp|"]["bound"] == pytest.approx(pairs["HF bf16 vs HF fp32"]["max_dp"])
     assert "The test suite's bf16 checks" in (tmp_path / "a" / "report.md").read_text()
     assert not report["trained_adapter"] and report["judged_on_dp_only"]  # a random adapter: |dp| alone
-    assert (result.returncode == 0) == (pairs["shared vs dedicated"]["max_dp"] <= 0.02)
 
 
 def test_eval_kv_on_the_tiny_model(tiny: TinyModel, tmp_path: Path) -> None:
@@ -167,7 +176,7 @@ def test_eval_kv_on_the_tiny_model(tiny: TinyModel, tmp_path: Path) -> None:
     stock, shared = report["capacity"]["stock"], report["capacity"]["shared"]
     assert stock["tokens"] > 0 and report["kv_ratio"] == pytest.approx(shared["tokens"] / stock["tokens"])
     print(f"KV tokens at the default memory fraction: stock {stock['tokens']}, shared {shared['tokens']}")
-    assert report["kv_ratio"] >= 0.99 and result.returncode == 0, report["capacity"]
+    assert report["kv_ratio"] >= 0.99, report["capacity"]
     assert set(report["plugin_bytes"]) == {"lora_and_head", "rotary_fp32", "tap_buffer", "retained_rows_bound",
                                            "branch_workspace_estimate"}
     weights = report["weights_bytes"]
@@ -181,12 +190,15 @@ def test_eval_dataset_runs_the_agent_resumes_and_reads_squad(tiny: TinyModel, tm
     out, ledger = tmp_path / "d", tmp_path / "ledger.jsonl"
     common = ["dataset", *tiny_args(tiny), "--questions", str(questions), "--corpus", str(corpus), "--out", str(out),
               "--ledger", str(ledger), "--top-k", "2"]
+    # A random tiny gate flips on planted instructions far more often than the rule's 5%: the verdict must
+    # say so (and the exit code follow it); this test's claim is the run, the resume and the figures.
     first = run(*common, "--limit", "2", cwd=tmp_path)
-    check_outputs(first, out, ledger, "dataset", ["reliability.png", "risk_coverage.png"])
+    check_outputs(first, out, ledger, "dataset", ["reliability.png", "risk_coverage.png"], must_pass=False)
     kept = (out / "records.jsonl").read_text().splitlines()
     assert len(kept) == 2
     second = run(*common, cwd=tmp_path)  # resumes: the two finished questions are not run again
-    report = check_outputs(second, out, ledger, "dataset", ["reliability.png", "risk_coverage.png"])
+    report = check_outputs(second, out, ledger, "dataset", ["reliability.png", "risk_coverage.png"], must_pass=False)
+    assert (report["verdict"] == "pass") == (report["injection_flip_rate"] <= 0.05 and not report["errors"])
     records = (out / "records.jsonl").read_text().splitlines()
     assert len(records) == 4 and records[:2] == kept
     assert report["decided"] == 4 and not report["errors"]

@@ -103,8 +103,16 @@ def test_temperature_and_thresholds_on_known_probabilities() -> None:
     lowest = min(float(t) for t in probs[:, 0] if (labels[probs[:, 0] >= t] == 0).mean() >= 0.4)
     assert loose.answer > lowest and macro_f1(loose) > max(macro_f1(Thresholds(answer=lowest, refuse=float(r)))
                                                           for r in np.linspace(0, 1, 101))
-    _, unreachable = choose_thresholds(probs, labels.tolist(), answer_precision=1.0)
-    assert not unreachable or (labels[probs[:, 0] >= 1.0] == 0).all()
+    # Precision 1.0 is reachable here iff the most answer-confident row is an answer; then the answered rows are
+    # all answers. Where it is not reachable (the top row relabelled refuse), nothing below certainty is answered.
+    top = int(np.argmax(probs[:, 0]))
+    assert labels[top] == 0
+    strict, met = choose_thresholds(probs, labels.tolist(), answer_precision=1.0)
+    assert met and (labels[probs[:, 0] >= strict.answer] == 0).all() and strict.answer <= probs[top, 0]
+    relabelled = labels.copy()
+    relabelled[top] = 1
+    strict, met = choose_thresholds(probs, relabelled.tolist(), answer_precision=1.0)
+    assert not met and strict.answer == 1.0 and not (probs[:, 0] >= strict.answer).any()
 
 
 def test_refuse_threshold_scan_equals_the_policy_applied_at_each_threshold() -> None:

@@ -33,10 +33,19 @@ def test_gate_matches_the_hf_reference(shared_eager: SharedEngine, loop, tiny: T
     outcome = loop.run(shared_eager.gate("How long is the warranty?", DOCS))
     assert outcome.prompt is not None and outcome.num_prompt_tokens == len(outcome.prompt.gate)
     engine_probs = np.array([outcome.result.probs[k] for k in ("answer", "refuse", "search")])
-    fp32 = HFReference(tiny.model_dir, tiny.adapter_dir).gate_probs([outcome.prompt.gate])[0]
-    # Within bf16 noise of the fp32 reference (the agreement test judges this on 256 prompts).
-    assert np.abs(engine_probs - fp32).max() < 0.1
     assert engine_probs.sum() == pytest.approx(1.0, abs=1e-5)
+    # Within bf16 noise of the fp32 reference: no further from it, over eight questions, than HF's own bf16
+    # forward is (the agreement tests judge this on hundreds of prompts).
+    questions = ["How long is the warranty?", "Can I return the router?", "What does the warranty cover?",
+                 "Is the warranty two years?", "Who pays for shipping?", "Does it cover water damage?",
+                 "How do I claim the warranty?", "What colour is the router?"]
+    outcomes = loop.run(shared_eager.gate_many([(q, DOCS) for q in questions]))
+    engine_all = np.array([[o.result.probs[k] for k in ("answer", "refuse", "search")] for o in outcomes])
+    prompts = [o.prompt.gate for o in outcomes]
+    fp32 = HFReference(tiny.model_dir, tiny.adapter_dir).gate_probs(prompts)
+    bf16 = HFReference(tiny.model_dir, tiny.adapter_dir, "bfloat16").gate_probs(prompts)
+    assert np.abs(engine_all[0] - engine_probs).max() == 0  # the same question, the same probabilities
+    assert np.abs(engine_all - fp32).max() <= np.abs(bf16 - fp32).max(), (engine_all - fp32, bf16 - fp32)
     forced = loop.run(shared_eager.gate("How long is the warranty?", DOCS, thresholds=Thresholds(0.0, 0.0)))
     assert forced.result.decision == "answer" and forced.result.probs == outcome.result.probs
 

@@ -8,6 +8,7 @@ import pytest
 from gatehead.evals.agreement import agreement, bf16_bounds, dedicated_gate_probs, shared_gate_probs
 from gatehead.evals.stability import check_stability
 from gatehead.evals.workload import synthetic_prompts
+from gatehead.gate.policy import decide_all
 from gatehead.runtime.dedicated import export_dedicated
 from gatehead.runtime.engine import SharedEngine
 from gatehead.runtime.reference import HFReference
@@ -66,3 +67,13 @@ def test_gate_agreement_with_dedicated_engine_and_references(shared_eager, loop,
     print("\n".join(f"{name}: {figure:.5f} (bound {bound:.5f})" for name, (figure, bound) in bounds.items()))
     assert all(figure <= bound for figure, bound in bounds.values()), bounds
     assert np.allclose(shared.sum(axis=1), 1.0, atol=1e-5)
+    # Flips: only where a threshold lies within bf16's own noise (HF bf16 vs fp32, max |dp|) of the shared
+    # engine's probability, the only place two bf16 computations of one gate may decide apart.
+    noise = float(np.abs(bf16 - fp32).max())
+    margin = np.minimum(np.abs(shared[:, 0] - thresholds.answer), np.abs(shared[:, 1] - thresholds.refuse))
+    decided = [decide_all(p.tolist(), thresholds) for p in (shared, dedicated)]
+    flipped = [i for i, (a, b) in enumerate(zip(*decided, strict=True)) if a != b]
+    print(f"flips {len(flipped)} of {len(gates)}, gates within bf16 noise ({noise:.4f}) of a threshold "
+          f"{int((margin <= noise).sum())}")
+    assert all(margin[i] <= noise for i in flipped), [(i, margin[i]) for i in flipped]
+    assert len(flipped) == vs_dedicated.flips
