@@ -5,10 +5,10 @@ as a subprocess with a time limit. A finished item writes `docs/figures/<item>.j
 commit (and whether the tree had uncommitted changes), the date, how long it took, the machine, the
 fingerprints of the model and adapter it measured, and the command's own results. A failed or timed-out
 item leaves its previous file alone and makes the run exit 1. The evals append their verdicts to
-`docs/figures/ledger.jsonl`.
+the demo's append-only ledger, `evals/demo-ledger.jsonl`.
 
-Sealed data: the demo's test split and its hand-written questions are read once per committed model
-(`demo-test`, `demo-own-words`): an item of that kind refuses to run again while its file holds the
+Sealed data: the demo's test split (with its hand-written questions) is read once per committed model
+(`demo-test`, `eval-dataset-test`): an item of that kind refuses to run again while its file holds the
 fingerprints of the model and adapter committed now, unless `--reread` says the reading is deliberate
 (the file then records `reread: true`, and the README calls its figures development figures).
 """
@@ -34,7 +34,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 FIGURES_DIR = ROOT / "docs" / "figures"
-LEDGER = "docs/figures/ledger.jsonl"
+LEDGER = "evals/demo-ledger.jsonl"  # append-only: every verdict on the demo model, failures included
 DEMO_MODEL, DEMO_ADAPTER, DEMO_SUFFIX_ADAPTER = "demo/model", "demo/adapter", "demo/adapter-suffix"
 RANDOM_DIR = ".cache/bench-random"
 EVAL_SIZES = ("--max-model-len", "2048", "--block-size", "32")
@@ -82,10 +82,10 @@ ITEMS: tuple[Item, ...] = (
          _eval("agreement"), "dir", DEMO, env=SUITE_LAYOUT, ok_codes=(0, 1)),
     Item("eval-kv", "KV capacity, stock vs shared, and the plugin's memory", 2, _eval("kv"), "dir", DEMO,
          ok_codes=(0, 1)),
-    Item("eval-dataset-val", "the agent over the demo's validation split", 6,
+    Item("eval-dataset-val", "the agent over the demo's validation split", 10,
          _eval("dataset", "--questions", "demo/data/val.jsonl", "--corpus", "demo/corpus"), "dir", DEMO,
          ok_codes=(0, 1)),
-    Item("eval-dataset-test", "the agent over the demo's held-out test split: read once per committed model", 6,
+    Item("eval-dataset-test", "the agent over the demo's held-out test split: read once per committed model", 10,
          _eval("dataset", "--demo"), "dir", DEMO, ok_codes=(0, 1), sealed=True),
     Item("demo-val", "the demo kit's figures on its validation split (model and calibration chosen on it)", 6,
          ("{python}", "-m", "gatehead.demo.build", "evaluate", "--split", "val", "--device", "cpu", "--out", "{out}"),
@@ -93,11 +93,11 @@ ITEMS: tuple[Item, ...] = (
     Item("demo-test", "the demo kit's held-out test figures: read once per committed model", 6,
          ("{python}", "-m", "gatehead.demo.build", "evaluate", "--split", "test", "--device", "cpu", "--out", "{out}"),
          "file", DEMO, sealed=True),
-    Item("agent-ttft", "answer time to first token after the gate vs cold, demo model", 4,
+    Item("agent-ttft", "answer time to first token after the gate vs cold, demo model", 2,
          ("{python}", "-m", "gatehead.benchmarks.agent_ttft", "--block-size", "32"), "stdout", DEMO),
     Item("guard-rates", "the degenerate-output guard's rates and engine-fault drill, demo model", 20,
          ("{python}", "-m", "gatehead.benchmarks.guard_rates", "--out", "{out}"), "file", DEMO),
-    Item("suffix-latency", "prompt-mode vs suffix-mode gate latency at ~1,900 tokens, demo model", 5,
+    Item("suffix-latency", "prompt-mode vs suffix-mode gate latency at ~1,900 tokens, demo model", 2,
          ("{python}", "-m", "gatehead.benchmarks.suffix_latency", "--out", "{out}"), "file", DEMO_BOTH),
     Item("bench-demo", "gatehead bench, every setup and workload, demo model", 10,
          ("{gatehead}", "bench", "--model", "demo", "--block-size", "32", "--out", "{out}"), "file", DEMO_BOTH),
@@ -225,6 +225,7 @@ def run_item(item: Item, figures_dir: Path = FIGURES_DIR, root: Path = ROOT, rer
     for name in SUITE_LAYOUT:  # the default layout unless the item asks for the suite's
         if name not in item.env:
             env.pop(name, None)
+    commit, dirty = _git("rev-parse", "HEAD", root=root), bool(_git("status", "--porcelain", root=root))
     done, started = threading.Event(), time.monotonic()
     bar = threading.Thread(target=_progress, args=(item.name, 60 * item.minutes, done), daemon=True)
     bar.start()
@@ -246,7 +247,7 @@ def run_item(item: Item, figures_dir: Path = FIGURES_DIR, root: Path = ROOT, rer
         raise RuntimeError(f"{item.name} wrote no readable results: {exc} (log: {log})") from exc
     envelope = {
         "item": item.name, "about": item.about, "command": shown(item), "exit_code": proc.returncode,
-        "commit": _git("rev-parse", "HEAD", root=root), "dirty": bool(_git("status", "--porcelain", root=root)),
+        "commit": commit, "dirty": dirty,  # as the item started
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "seconds": round(seconds, 1),
         "machine": machine(), "fingerprints": fingerprints(item, root), "reread": bool(item.sealed and reread),
         "results": results,
@@ -289,7 +290,8 @@ def _eval_figures(r: dict) -> str:
                          f"differ, max abs dlogprob {v['shared_vs_stock']['max_abs_dlogprob']:.3g} (stock repeats "
                          f"{v['stock_vs_stock']['differing']})" for name, v in r["variants"].items() if v.get("judged"))
     if r["eval"] == "agreement":
-        return "; ".join(f"{name}: {p['flips']} flips, max abs dp {p['max_dp']:.4f}" for name, p in r["pairs"].items())
+        return "; ".join(f"{name}: {p['flips']} flip{'' if p['flips'] == 1 else 's'}, max abs dp {p['max_dp']:.4f}"
+                         for name, p in r["pairs"].items())
     if r["eval"] == "kv":
         c, w, mib = r["capacity"], r["weights_bytes"], 1 << 20
         return (f"stock {c['stock']['tokens']:,} tokens, shared {c['shared']['tokens']:,} ({r['kv_ratio']:.4f}); "
@@ -337,9 +339,52 @@ def _suffix_latency_view(envelopes: list[dict]) -> str:
                 ["gate", "prompt tokens", "read from the cache", "median s", "spread s"], rows))
 
 
-VIEWS = {"bench": _bench_view, "bench-threads": _threads_view}
+def _guard_view(envelopes: list[dict]) -> str:
+    from gatehead.evals.run import table
+
+    [e] = envelopes
+    r = e["results"]
+    rows = [[name.replace("_", " "), x["outputs"], x["tripped"], "-"] for name, x in r.items()
+            if name.startswith("clean_")]
+    rows += [[name.removeprefix("fault_").replace("_", " ") + " (injected)", x["outputs"], x["detected"],
+              f"{x['detected'] / x['outputs']:.1%}" if x["outputs"] else "-"] for name, x in r.items()
+             if name.startswith("fault_")]
+    rows += [[name.removeprefix("engine_kv_") + " KV blocks (engine fault)", x["outputs"],
+              f"{x['detected']} of {x['changed']} changed answers",
+              f"{x['detected'] / x['changed']:.1%}" if x["changed"] else "-"] for name, x in r.items()
+             if name.startswith("engine_kv_")]
+    took = f"{e['seconds'] / 60:.0f} min"
+    return (f"`{e['command']}`: {e['date'][:10]}, {e['machine']['cpus']} cores (bf16 by {e['machine']['bf16']}), "
+            f"{took}; improbable run: {r['guard']['improbable_run']} tokens below logprob "
+            f"{r['guard']['improbable_logprob']}.\n\n"
+            + table(["outputs", "n", "guard tripped / detected", "detection rate"], rows))
+
+
+SET_NAMES = {"template": "template", "phrased": "phrased, unseen families", "out_of_scope": "out of scope (refused)",
+             "handwritten": "typed by hand"}
+
+
+def _demo_sets_view(results: dict) -> str:
+    """`python -m gatehead.demo.build evaluate`'s figures, a row per evaluation set."""
+    from gatehead.evals.run import table
+
+    rows = []
+    for name, v in results["sets"].items():
+        gate, recall = v["gate"], v["gate"]["recall"]
+        answered = f"{v['answer_exact_match']:.1%} ({v['answerable']})" if v["answerable"] else ""
+        recalls = (" / ".join(f"{100 * recall[c]:.1f}" for c in ("answer", "refuse", "search")) + "%"
+                   if v["answerable"] else "")
+        rows.append([f"{results['split']}: {SET_NAMES.get(name, name)}", v["questions"], f"{gate['accuracy']:.1%}",
+                     answered, recalls])
+    return (f"`{results['command']}` ({results['device']}):\n\n"
+            + table(["set", "questions", "gate accuracy", "answer exact match", "recall answer / refuse / search"],
+                    rows))
+
+
+VIEWS = {"bench": _bench_view, "bench-threads": _threads_view, "demo-sets": _demo_sets_view}
 # Views of `docs/figures/` envelopes (several, comma-separated, for "evals").
-ENVELOPE_VIEWS = {"evals": _evals_view, "agent-ttft": _ttft_view, "suffix-latency": _suffix_latency_view}
+ENVELOPE_VIEWS = {"evals": _evals_view, "agent-ttft": _ttft_view, "suffix-latency": _suffix_latency_view,
+                  "guard-rates": _guard_view}
 
 
 def load_source(source: str, root: Path = ROOT) -> tuple[dict, dict | None]:
@@ -379,12 +424,18 @@ def readme_problems(text: str, root: Path = ROOT) -> list[str]:
     return problems
 
 
-def rewrite_readme(path: Path, root: Path = ROOT) -> int:
-    """Re-render every figure block of `path`; returns how many blocks changed."""
+def rewrite_readme(path: Path, root: Path = ROOT, missing: list[str] | None = None) -> int:
+    """Re-render every figure block of `path` whose files exist (the others, named in `missing`, stay as
+    they are); returns how many blocks changed."""
     text, changed = path.read_text(), 0
 
     def fill(match: re.Match) -> str:
         nonlocal changed
+        absent = [s for s in match["source"].split(",") if not (root / s).exists()]
+        if absent:
+            if missing is not None:
+                missing.extend(absent)
+            return match.group(0)
         body = render_block(match["source"], match["view"], root)
         changed += body != match["body"]
         return f"<!-- figures {match['source']} {match['view']} -->\n{body}<!-- /figures -->"
@@ -395,9 +446,12 @@ def rewrite_readme(path: Path, root: Path = ROOT) -> int:
 
 def main(args: argparse.Namespace) -> int:
     if args.readme:
-        changed = rewrite_readme(ROOT / "README.md")
+        missing: list[str] = []
+        changed = rewrite_readme(ROOT / "README.md", missing=missing)
         print(f"README.md: {changed} figure block(s) re-rendered", file=sys.stderr)
-        return 0
+        for source in missing:
+            print(f"  not rendered, no results file: {source} (gatehead figures writes it)", file=sys.stderr)
+        return 1 if missing else 0
     items = by_name(args.only) if args.only else list(ITEMS)
     if args.list:
         for item in items:
