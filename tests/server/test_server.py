@@ -560,7 +560,11 @@ def test_chat_page_in_headless_chromium(server: Server) -> None:
 
 
 def ask(page, question: str) -> None:
-    page.wait_for_function("!document.getElementById('send').disabled")
+    from playwright.sync_api import expect
+
+    # Not `page.wait_for_function`: it evaluates its predicate with eval, which the page's CSP forbids
+    # (Chromium 156 enforces that on Playwright's predicate too).
+    expect(page.locator("#send")).to_be_enabled(timeout=60_000)
     page.focus("#message")
     page.keyboard.type(question)
     page.keyboard.press("Enter")
