@@ -313,6 +313,11 @@ def _evals_view(envelopes: list[dict]) -> str:
     return table(["item", "verdict", "figures", "measured", "machine"], rows)
 
 
+def _measured(e: dict) -> str:
+    """An envelope's command, date and machine, as a table's first line begins."""
+    return f"`{e['command']}`: {e['date'][:10]}, {e['machine']['cpus']} cores (bf16 by {e['machine']['bf16']})"
+
+
 def _ttft_view(envelopes: list[dict]) -> str:
     from gatehead.evals.run import table
 
@@ -321,7 +326,7 @@ def _ttft_view(envelopes: list[dict]) -> str:
     rows = [[name.replace("_", " "), w["requests"], f"{w['prompt_tokens_mean']:.0f}", f"{w['cached_tokens_mean']:.0f}",
              f"{w['cold_ttft_ms_median']:.1f}", f"{w['after_gate_ttft_ms_median']:.1f}", f"{w['ratio_of_medians']:.2f}"]
             for name, w in r.items() if isinstance(w, dict) and "ratio_of_medians" in w]
-    return (f"`{e['command']}`: {e['date'][:10]}, {e['machine']['cpus']} cores (bf16 by {e['machine']['bf16']}), "
+    return (_measured(e) + ", "
             f"{r.get('mode', '')}, {r.get('block_size')}-token blocks.\n\n" + table(
                 ["workload", "requests", "prompt tokens", "read from the gate's prefill", "TTFT cold ms",
                  "TTFT after the gate ms", "ratio"], rows))
@@ -334,7 +339,7 @@ def _suffix_latency_view(envelopes: list[dict]) -> str:
     r = e["results"]
     rows = [[f"{name} mode", g["prompt_tokens"], g["cached_tokens"][0], f"{g['median_s']:.3f}", f"{g['spread_s']:.3f}"]
             for name, g in r["gates"].items()]
-    return (f"`{e['command']}`: {e['date'][:10]}, {e['machine']['cpus']} cores (bf16 by {e['machine']['bf16']}); "
+    return (_measured(e) + "; "
             f"prompt mode / suffix mode {r['median_ratio_prompt_over_suffix']:.1f}x.\n\n" + table(
                 ["gate", "prompt tokens", "read from the cache", "median s", "spread s"], rows))
 
@@ -354,7 +359,7 @@ def _guard_view(envelopes: list[dict]) -> str:
               f"{x['detected'] / x['changed']:.1%}" if x["changed"] else "-"] for name, x in r.items()
              if name.startswith("engine_kv_")]
     took = f"{e['seconds'] / 60:.0f} min"
-    return (f"`{e['command']}`: {e['date'][:10]}, {e['machine']['cpus']} cores (bf16 by {e['machine']['bf16']}), "
+    return (_measured(e) + ", "
             f"{took}; improbable run: {r['guard']['improbable_run']} tokens below logprob "
             f"{r['guard']['improbable_logprob']}.\n\n"
             + table(["outputs", "n", "guard tripped / detected", "detection rate"], rows))
