@@ -67,6 +67,18 @@ RANDOM = (("model", f"{RANDOM_DIR}/model"), ("adapter", f"{RANDOM_DIR}/adapter")
           ("suffix_adapter", f"{RANDOM_DIR}/suffix/adapter"))
 
 
+# The fidelity figures are measured by the tests that judge them: with GATEHEAD_FIGURES_FILE set, their
+# `record_figure` fixture (tests/conftest.py) writes each figure and each test's outcome there.
+FIGURES_ENV = {"GATEHEAD_FIGURES_FILE": "{out}"}
+FIDELITY_TESTS = ("tests/runtime/test_fidelity.py", "tests/runtime/test_fidelity_compile.py",
+                  "tests/runtime/test_chunking.py", "tests/runtime/test_demo_fidelity.py",
+                  "tests/runtime/test_tensor_parallel.py")
+
+
+def _pytest(*paths: str) -> tuple[str, ...]:
+    return ("{python}", "-m", "pytest", "-q", "-p", "no:cacheprovider", *paths)
+
+
 def _eval(name: str, *args: str) -> tuple[str, ...]:
     return ("{gatehead}", "eval", name, *args, *EVAL_SIZES, "--ledger", LEDGER, "--out", "{dir}")
 
@@ -99,6 +111,15 @@ ITEMS: tuple[Item, ...] = (
          ("{python}", "-m", "gatehead.benchmarks.guard_rates", "--out", "{out}"), "file", DEMO),
     Item("suffix-latency", "prompt-mode vs suffix-mode gate latency at ~1,900 tokens, demo model", 2,
          ("{python}", "-m", "gatehead.benchmarks.suffix_latency", "--out", "{out}"), "file", DEMO_BOTH),
+    Item("fidelity", "fidelity and tensor-parallel tests with their figures (tiny and demo models), as the suite "
+         "runs engines", 25, _pytest(*FIDELITY_TESTS), "file", DEMO, env={**SUITE_LAYOUT, **FIGURES_ENV},
+         ok_codes=(0, 1)),
+    Item("fidelity-emulated", "the same with bf16 computed as a CPU without AMX or AVX-512 BF16 would "
+         "(GATEHEAD_TEST_CPU_ISA=avx512)", 35, _pytest(*FIDELITY_TESTS), "file", DEMO,
+         env={**SUITE_LAYOUT, **FIGURES_ENV, "GATEHEAD_TEST_CPU_ISA": "avx512"}, ok_codes=(0, 1)),
+    Item("soak", "the comparing soak: a real server under mixed load and faults for 600 s, then each request alone",
+         13, _pytest("tests/server/test_soak.py"), "file", DEMO,
+         env={**SUITE_LAYOUT, **FIGURES_ENV, "GATEHEAD_SOAK_SECONDS": "600"}, ok_codes=(0, 1)),
     Item("bench-demo", "gatehead bench, every setup and workload, demo model", 10,
          ("{gatehead}", "bench", "--model", "demo", "--block-size", "32", "--out", "{out}"), "file", DEMO_BOTH),
     Item("bench-random", "gatehead bench on the 0.36 B random model (where the targets are set)", 120,
@@ -170,16 +191,31 @@ def machine() -> dict:
 # ----- running -------------------------------------------------------------------------------------
 
 
-def command_line(item: Item, out: Path, folder: Path) -> list[str]:
-    fill = {"{python}": sys.executable, "{gatehead}": str(Path(sys.executable).with_name("gatehead")),
+def _fill(out: Path, folder: Path) -> dict[str, str]:
+    return {"{python}": sys.executable, "{gatehead}": str(Path(sys.executable).with_name("gatehead")),
             "{out}": str(out), "{dir}": str(folder)}
+
+
+def command_line(item: Item, out: Path, folder: Path) -> list[str]:
+    fill = _fill(out, folder)
     return [fill.get(arg, arg) for arg in item.argv]
+
+
+def environment(item: Item, out: Path, folder: Path) -> dict[str, str]:
+    """The item's process environment: this one's, the item's own settings (placeholders filled in), and
+    vLLM's default process layout unless the item asks for the suite's."""
+    fill = _fill(out, folder)
+    env = {**os.environ, **{k: fill.get(v, v) for k, v in item.env.items()}}
+    for name in (*SUITE_LAYOUT, *FIGURES_ENV):
+        if name not in item.env:
+            env.pop(name, None)
+    return env
 
 
 def shown(item: Item) -> str:
     """The command as a person would type it from the repository root."""
-    env = " ".join(f"{k}={v}" for k, v in item.env.items())
     fill = {"{python}": "python", "{gatehead}": "gatehead", "{out}": "OUT.json", "{dir}": "OUT/"}
+    env = " ".join(f"{k}={fill.get(v, v)}" for k, v in item.env.items())
     return " ".join(filter(None, [env, shlex.join(fill.get(a, a) for a in item.argv)]))
 
 
@@ -221,17 +257,15 @@ def run_item(item: Item, figures_dir: Path = FIGURES_DIR, root: Path = ROOT, rer
     out, folder = work / "result.json", work / "out"
     log = (log_dir or work) / f"{item.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, **item.env}
-    for name in SUITE_LAYOUT:  # the default layout unless the item asks for the suite's
-        if name not in item.env:
-            env.pop(name, None)
+    env = environment(item, out, folder)
     commit, dirty = _git("rev-parse", "HEAD", root=root), bool(_git("status", "--porcelain", root=root))
     done, started = threading.Event(), time.monotonic()
     bar = threading.Thread(target=_progress, args=(item.name, 60 * item.minutes, done), daemon=True)
     bar.start()
     try:
-        with log.open("w") as stderr:
-            proc = subprocess.run(command_line(item, out, folder), cwd=root, env=env, stdout=subprocess.PIPE,
+        with log.open("w") as stderr:  # a command whose results are not its stdout logs its stdout too
+            stdout = subprocess.PIPE if item.results == "stdout" else stderr
+            proc = subprocess.run(command_line(item, out, folder), cwd=root, env=env, stdout=stdout,
                                   stderr=stderr, text=True, timeout=item.limit_s)
     except subprocess.TimeoutExpired as exc:
         raise RuntimeError(f"{item.name} ran past its limit of {item.limit_s / 60:.0f} min (log: {log})") from exc
@@ -386,10 +420,78 @@ def _demo_sets_view(results: dict) -> str:
                     rows))
 
 
+def _figure_cell(value) -> str:
+    """One recorded test figure (tests/conftest.py `record_figure`) in a table cell, by its shape."""
+    if isinstance(value, dict) and "shared_vs_stock" in value:  # a StabilityResult
+        a, b = value["shared_vs_stock"], value["stock_vs_stock"]
+        return (f"{a['differing']} of {a['requests']} requests differ, max |dlogprob| {a['max_abs_dlogprob']:.3g} "
+                f"(stock vs stock: {b['differing']} differ)" + ("" if value["passed"] else "; **fails**"))
+    if isinstance(value, dict) and "mix_a" in value:  # an Agreement
+        mix = ", ".join(f"{k} {n}" for k, n in sorted(value["mix_a"].items()))
+        return (f"{value['flips']} flip{'' if value['flips'] == 1 else 's'} of {value['n']}, max / mean |dp| "
+                f"{value['max_dp']:.4f} / {value['mean_dp']:.5f} ({mix})")
+    if isinstance(value, dict) and value and all(isinstance(v, list) and len(v) == 2 for v in value.values()):
+        return "; ".join(f"{name}: {fig:.4f}{' <=' if fig <= bound else ' **>**'} "
+                         f"{bound:.4f}" for name, (fig, bound) in value.items())  # (figure, bound) pairs
+    if isinstance(value, dict) and "within_noise" in value:
+        return (f"{value['flips']} flips of {value['gates']}; {value['within_noise']} gates lie within bf16's noise "
+                f"({value['noise']:.4f}) of a threshold")
+    if isinstance(value, dict) and "preemptions" in value and "max_dp" in value:
+        return f"max |dp| {value['max_dp']:.2g}, {value['preemptions']} preemptions"
+    if isinstance(value, dict):
+        return ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in value.items())
+    return str(value)
+
+
+def _bf16_path(e: dict) -> str:
+    emulated = e["results"].get("cpu_isa") == "avx512"
+    return f"emulated bf16 (on a {e['machine']['bf16']} host)" if emulated else f"bf16 by {e['machine']['bf16']}"
+
+
+def _outcomes(e: dict) -> str:
+    counts: dict[str, int] = {}
+    for outcome in e["results"].get("tests", {}).values():
+        counts[outcome] = counts.get(outcome, 0) + 1
+    return ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items())) or "no tests recorded"
+
+
+def _tests_view(envelopes: list[dict], prefix: str) -> str:
+    """Figures recorded by tests, keys under `prefix`: a row each, a column per envelope (a kind of bf16)."""
+    from gatehead.evals.run import table
+
+    keys: dict[str, str] = {}
+    for e in envelopes:
+        for key, figure in e["results"]["figures"].items():
+            if key.startswith(prefix):
+                keys.setdefault(key, figure["label"])
+    rows = [[label] + [_figure_cell(e["results"]["figures"][key]["value"]) if key in e["results"]["figures"] else "-"
+                       for e in envelopes] for key, label in keys.items()]
+    header = "\n".join(f"- {_bf16_path(e)}: " + _measured(e) + f"; tests {_outcomes(e)}" for e in envelopes)
+    return header + "\n\n" + table(["check", *(_bf16_path(e) for e in envelopes)], rows)
+
+
+def _soak_view(envelopes: list[dict]) -> str:
+    from gatehead.evals.run import table
+
+    [e] = envelopes
+    figures = e["results"]["figures"]
+    load, alone = figures["soak/load"]["value"], figures["soak/alone"]["value"]
+    rows = [[what, n] for what, n in sorted(load["outcomes"].items())]
+    return (_measured(e) + f"; tests {_outcomes(e)}. {load['clients']} clients for {load['soak_seconds']:.0f} s: "
+            f"{load['completed']:,} requests completed, {load['preemptions']:,} preemptions, "
+            f"{load['pressure_generations']} pressure generations, {load['canary_checks']} canary checks "
+            f"({load['canary_failed_checks']} failed). Against the same requests alone ({alone['compared']:,} "
+            f"compared): gate max |dp| {alone['gate_max_dp']:.2g}, generations differing "
+            f"{alone['generations_differing_otherwise']} "
+            f"(at a near tie: {alone['generations_differing_at_a_near_tie']})."
+            "\n\n" + table(["requests", "n"], rows))
+
+
 VIEWS = {"bench": _bench_view, "bench-threads": _threads_view, "demo-sets": _demo_sets_view}
 # Views of `docs/figures/` envelopes (several, comma-separated, for "evals").
 ENVELOPE_VIEWS = {"evals": _evals_view, "agent-ttft": _ttft_view, "suffix-latency": _suffix_latency_view,
-                  "guard-rates": _guard_view}
+                  "guard-rates": _guard_view, "tests-tiny": lambda e: _tests_view(e, "tiny/"),
+                  "tests-demo": lambda e: _tests_view(e, "demo/"), "soak": _soak_view}
 
 
 def load_source(source: str, root: Path = ROOT) -> tuple[dict, dict | None]:

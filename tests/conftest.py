@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import fcntl
+import json
 import os
 import sys
 import threading
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -95,6 +98,61 @@ class Loop:
 @pytest.fixture(scope="session")
 def loop() -> Loop:
     return Loop()
+
+
+FIGURES_FILE = "GATEHEAD_FIGURES_FILE"
+
+
+def _plain(value: Any) -> Any:
+    """A measured value as JSON: dataclasses as dicts (with a StabilityResult's verdict), numpy as Python."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        plain = {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        if isinstance(getattr(type(value), "passed", None), property):
+            plain["passed"] = bool(value.passed)
+        return plain
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):  # numpy scalars
+        return value.item()
+    return value
+
+
+def _update_figures(change: Callable[[dict], None]) -> None:
+    """Apply `change` to `$GATEHEAD_FIGURES_FILE`'s data under a lock (xdist workers may share the file)."""
+    with open(os.environ[FIGURES_FILE], "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        handle.seek(0)
+        text = handle.read()
+        data = json.loads(text) if text.strip() else {"cpu_isa": gatehead_cpu_isa.requested(), "figures": {},
+                                                      "tests": {}}
+        change(data)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(json.dumps(data, indent=1) + "\n")
+
+
+@pytest.fixture(scope="session")
+def record_figure() -> Callable[[str, str, Any], None]:
+    """`record_figure(key, label, value)`: a figure a test measured (an Agreement, a StabilityResult, a dict
+    of (figure, bound) pairs, a number), printed, and kept in `$GATEHEAD_FIGURES_FILE` when it is set: that
+    is how `gatehead figures` gets the fidelity, tensor-parallel and soak figures (its `fidelity`,
+    `fidelity-emulated` and `soak` items), beside each test's outcome. Record before asserting, so that a
+    figure past its bound is kept too."""
+
+    def record(key: str, label: str, value: Any) -> None:
+        print(f"{label}: {value}")
+        if os.environ.get(FIGURES_FILE):
+            _update_figures(lambda data: data["figures"].__setitem__(key, {"label": label, "value": _plain(value)}))
+
+    return record
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """With `$GATEHEAD_FIGURES_FILE` set, each test's outcome goes beside its figures."""
+    if os.environ.get(FIGURES_FILE) and (report.when == "call" or report.outcome != "passed"):
+        _update_figures(lambda data: data["tests"].__setitem__(report.nodeid, report.outcome))
 
 
 @pytest.fixture(scope="session")

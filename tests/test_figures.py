@@ -106,3 +106,38 @@ def test_items_name_real_commands_and_the_cli_lists_them() -> None:
     failed = subprocess.run([sys.executable, "-m", "gatehead.cli", "figures", "--only", "no-such-item"],
                             capture_output=True, text=True)
     assert failed.returncode == 2 and "unknown figures item" in failed.stderr
+
+
+def test_recorded_test_figures_reach_an_envelope_and_its_table(record_figure, monkeypatch, tmp_path: Path) -> None:
+    """The fidelity items' path: a test's `record_figure` writes $GATEHEAD_FIGURES_FILE, and the view renders it."""
+    from gatehead.evals.agreement import Agreement
+    from gatehead.evals.stability import Diff, StabilityResult
+
+    out = tmp_path / "figures.json"
+    monkeypatch.setenv("GATEHEAD_FIGURES_FILE", str(out))
+    stable = StabilityResult(Diff(64, 0, (), 0.0), Diff(64, 0, (), 0.0))
+    broken = StabilityResult(Diff(64, 0, (), 0.0), Diff(64, 3, (5, 9, 1), 0.25))
+    record_figure("tiny/stability", "answer stability", stable)
+    record_figure("tiny/perturbed", "negative control", broken)
+    agree = Agreement(256, 1, 0.0125, 0.004, {"answer": 200, "search": 56}, {"answer": 201, "search": 55})
+    record_figure("tiny/agreement", "shared vs dedicated", agree)
+    record_figure("tiny/bounds", "bounds", {"shared vs dedicated, max |dp|": (0.0125, 0.02), "mean": (0.5, 0.1)})
+    record_figure("demo/other", "not in the tiny table", 1.0)
+    data = json.loads(out.read_text())
+    assert data["figures"]["tiny/perturbed"]["value"]["passed"] is False
+    assert data["figures"]["tiny/stability"]["value"]["shared_vs_stock"]["requests"] == 64
+    envelope = {"item": "fidelity", "command": "pytest ...", "date": "2026-12-03T10:00:00Z", "results": data,
+                "machine": {"cpus": 2, "bf16": "AVX-512 BF16"}}
+    envelope["results"]["tests"] = {"tests/a.py::one": "passed", "tests/a.py::two": "failed"}
+    emulated = json.loads(json.dumps(envelope))
+    emulated["results"]["cpu_isa"] = "avx512"
+    del emulated["results"]["figures"]["tiny/bounds"]
+    table = figures.ENVELOPE_VIEWS["tests-tiny"]([envelope, emulated])
+    assert "tests 1 failed, 1 passed" in table and "emulated bf16 (on a AVX-512 BF16 host)" in table
+    rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines() if line.startswith("| ")}
+    assert "0 of 64 requests differ" in rows["answer stability"]
+    assert "3 of 64 requests differ" in rows["negative control"] and "**fails**" in rows["negative control"]
+    assert "1 flip of 256, max / mean \\|dp\\| 0.0125 / 0.00400 (answer 200, search 56)" in rows["shared vs dedicated"]
+    assert "0.0125 <= 0.0200" in rows["bounds"] and "0.5000 **>** 0.1000" in rows["bounds"]
+    assert rows["bounds"].rstrip(" |").endswith("-")  # not measured in the second envelope
+    assert "not in the tiny table" not in table

@@ -24,7 +24,8 @@ def cramped(engines) -> SharedEngine:
                    kv_cache_memory_bytes=24 * BLOCK_BYTES, max_model_len=512)
 
 
-def test_chunked_uncached_and_preempted_prompts_give_the_same_probabilities(cramped, shared_eager, loop) -> None:
+def test_chunked_uncached_and_preempted_prompts_give_the_same_probabilities(cramped, shared_eager, loop,
+                                                                            record_figure) -> None:
     def preemptions() -> float:
         return loop.run(cramped.stats())["preemptions"]
 
@@ -46,6 +47,7 @@ def test_chunked_uncached_and_preempted_prompts_give_the_same_probabilities(cram
     got = probs_of(loop.run(crowded()))
     preempted = preemptions() - before
     delta = np.abs(got - expected).max()
-    print(f"chunked/uncached/preempted vs default: max |dp| {delta:.2e}, preemptions {preempted:.0f}")
+    record_figure("tiny/chunked", f"gate, {len(gates)} prompts in 64-token steps, uncached and preempted, vs "
+                  "the default engine", {"max_dp": float(delta), "preemptions": int(preempted)})
     assert preempted > 0, "the KV pool was meant to force preemption"
     assert delta <= 1e-3

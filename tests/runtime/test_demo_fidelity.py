@@ -32,17 +32,19 @@ def built(engine: SharedEngine, examples, kind: str) -> list[tuple[int, ...]]:
     return [getattr(engine.prompts.build(e.question, e.passages, e.conversation), kind) for e in examples]
 
 
-def test_demo_stability_with_gates_in_the_batches(demo_stock, demo_shared, held_out, loop) -> None:
+def test_demo_stability_with_gates_in_the_batches(demo_stock, demo_shared, held_out, loop, record_figure) -> None:
     """The trained model's answers are bit-identical to stock vLLM's with gate requests in the same batches.
     (Without gates, and in compile mode, the tiny model checks the same: tests/runtime/test_fidelity*.py.)"""
     answers = built(demo_shared, held_out[:32], "answer")
     gates = built(demo_shared, held_out[32:64], "gate")
     result = loop.run(check_stability(demo_stock, demo_shared, answers, 64, gates))
-    print(f"demo mixed: {result}")
+    record_figure("demo/stability/mixed", "answer stability, 32 held-out questions x 64 tokens, 32 gates mixed in",
+                  result)
     assert result.passed, result
 
 
-def test_demo_gate_agreement(demo_shared, demo_gates, demo_references, held_out, loop, tmp_path) -> None:
+def test_demo_gate_agreement(demo_shared, demo_gates, demo_references, held_out, loop, tmp_path,
+                             record_figure) -> None:
     adapter = load_gate_adapter(ADAPTER_DIR, MODEL_DIR)
     gates = demo_gates
     generations = built(demo_shared, held_out[256:288], "answer")
@@ -54,12 +56,15 @@ def test_demo_gate_agreement(demo_shared, demo_gates, demo_references, held_out,
     thresholds = adapter.spec.thresholds
     vs_dedicated, vs_fp32 = agreement(shared, dedicated, thresholds), agreement(shared, fp32, thresholds)
     dedicated_vs_fp32 = agreement(dedicated, fp32, thresholds)
-    print(f"demo shared vs dedicated: {vs_dedicated}\ndemo shared vs HF fp32: {vs_fp32}\n"
-          f"demo dedicated vs HF fp32: {dedicated_vs_fp32}\n"
-          f"demo HF bf16 vs HF fp32: {agreement(bf16, fp32, thresholds)}\n"
-          f"demo HF bf16 merged vs unmerged: {agreement(merged, bf16, thresholds)}")
+    where = f"{len(gates)} held-out gates mixed with 32 generations"
+    for key, label, a, b in (("shared-dedicated", "shared vs dedicated engine", shared, dedicated),
+                             ("shared-fp32", "shared vs HF fp32", shared, fp32),
+                             ("dedicated-fp32", "dedicated vs HF fp32", dedicated, fp32),
+                             ("bf16-fp32", "HF bf16 vs HF fp32", bf16, fp32),
+                             ("merged-bf16", "HF bf16 LoRA merged vs unmerged", merged, bf16)):
+        record_figure(f"demo/agreement/{key}", f"gate, {label} ({where})", agreement(a, b, thresholds))
     bounds = bf16_bounds(shared, dedicated, fp32, bf16, merged)
-    print("\n".join(f"demo {name}: {figure:.5f} (bound {bound:.5f})" for name, (figure, bound) in bounds.items()))
+    record_figure("demo/agreement/bounds", "gate, the bf16 bounds (figure, bound)", bounds)
     assert len(vs_dedicated.mix_a) == 3, f"the demo gate should use all three decisions: {vs_dedicated.mix_a}"
     # Decisions: the same as stock vLLM's classifier, and no more of them wrong against fp32 than it gets wrong.
     assert vs_dedicated.flips == 0, vs_dedicated

@@ -25,23 +25,27 @@ def perturbed_eager(engines) -> SharedEngine:
 
 
 @pytest.mark.parametrize("mixed", [False, True], ids=["plain", "mixed"])
-def test_stability_eager(stock_eager, shared_eager, loop, mixed: bool) -> None:
+def test_stability_eager(stock_eager, shared_eager, loop, record_figure, mixed: bool) -> None:
     answers = synthetic_prompts(shared_eager.prompts, N_STABILITY, 1, "answer")
     gates = synthetic_prompts(shared_eager.prompts, N_STABILITY, 2, "gate") if mixed else []
     result = loop.run(check_stability(stock_eager, shared_eager, answers, 128, gates))
-    print(f"eager {'mixed' if mixed else 'plain'}: {result}")
+    mix = f", {N_STABILITY} gates mixed in" if mixed else ""
+    record_figure(f"tiny/stability/eager-{'mixed' if mixed else 'plain'}",
+                  f"answer stability, eager, {N_STABILITY} x 128 tokens{mix}", result)
     assert result.passed, result
 
 
-def test_perturbed_tap_fails_the_stability_check(stock_eager, perturbed_eager, loop) -> None:
+def test_perturbed_tap_fails_the_stability_check(stock_eager, perturbed_eager, loop, record_figure) -> None:
     answers = synthetic_prompts(perturbed_eager.prompts, N_STABILITY, 1, "answer")
     result = loop.run(check_stability(stock_eager, perturbed_eager, answers, 128))
-    print(f"perturbed tap: {result}")
+    record_figure("tiny/stability/perturbed", "negative control: a tap that writes its bf16 rounding back "
+                  "into the stream (must fail)", result)
     assert not result.passed
     assert result.shared_vs_stock.differing > result.stock_vs_stock.differing
 
 
-def test_gate_agreement_with_dedicated_engine_and_references(shared_eager, loop, tiny: TinyModel, tmp_path) -> None:
+def test_gate_agreement_with_dedicated_engine_and_references(shared_eager, loop, tiny: TinyModel, tmp_path,
+                                                             record_figure) -> None:
     """A random adapter's decisions sit on its thresholds, so flips say nothing here: judged on |dp| alone.
 
     Every bound is this machine's own reference, measured in the same run: bf16 results depend on the
@@ -58,13 +62,16 @@ def test_gate_agreement_with_dedicated_engine_and_references(shared_eager, loop,
     bf16 = HFReference(tiny.model_dir, tiny.adapter_dir, "bfloat16").gate_probs(gates)
     merged = HFReference(tiny.model_dir, tiny.adapter_dir, "bfloat16", merged=True).gate_probs(gates)
     thresholds = tiny.adapter.spec.thresholds
-    vs_dedicated, vs_fp32 = agreement(shared, dedicated, thresholds), agreement(shared, fp32, thresholds)
-    print(f"shared vs dedicated: {vs_dedicated}\nshared vs HF fp32: {vs_fp32}\n"
-          f"dedicated vs HF fp32: {agreement(dedicated, fp32, thresholds)}\n"
-          f"HF bf16 vs HF fp32: {agreement(bf16, fp32, thresholds)}\n"
-          f"HF bf16 merged vs unmerged: {agreement(merged, bf16, thresholds)}")
+    vs_dedicated = agreement(shared, dedicated, thresholds)
+    where = f"{N_AGREEMENT} gates mixed with 32 generations"
+    for key, label, a, b in (("shared-dedicated", "shared vs dedicated engine", shared, dedicated),
+                             ("shared-fp32", "shared vs HF fp32", shared, fp32),
+                             ("dedicated-fp32", "dedicated vs HF fp32", dedicated, fp32),
+                             ("bf16-fp32", "HF bf16 vs HF fp32", bf16, fp32),
+                             ("merged-bf16", "HF bf16 LoRA merged vs unmerged", merged, bf16)):
+        record_figure(f"tiny/agreement/{key}", f"gate, {label} ({where})", agreement(a, b, thresholds))
     bounds = bf16_bounds(shared, dedicated, fp32, bf16, merged)
-    print("\n".join(f"{name}: {figure:.5f} (bound {bound:.5f})" for name, (figure, bound) in bounds.items()))
+    record_figure("tiny/agreement/bounds", "gate, the bf16 bounds (figure, bound)", bounds)
     assert all(figure <= bound for figure, bound in bounds.values()), bounds
     assert np.allclose(shared.sum(axis=1), 1.0, atol=1e-5)
     # Flips: only where a threshold lies within bf16's own noise (HF bf16 vs fp32, max |dp|) of the shared
@@ -73,7 +80,8 @@ def test_gate_agreement_with_dedicated_engine_and_references(shared_eager, loop,
     margin = np.minimum(np.abs(shared[:, 0] - thresholds.answer), np.abs(shared[:, 1] - thresholds.refuse))
     decided = [decide_all(p.tolist(), thresholds) for p in (shared, dedicated)]
     flipped = [i for i, (a, b) in enumerate(zip(*decided, strict=True)) if a != b]
-    print(f"flips {len(flipped)} of {len(gates)}, gates within bf16 noise ({noise:.4f}) of a threshold "
-          f"{int((margin <= noise).sum())}")
+    record_figure("tiny/agreement/near-threshold", "gate, shared vs dedicated flips and gates within bf16 noise "
+                  "(HF bf16 vs fp32, max |dp|) of a threshold", {"flips": len(flipped), "gates": len(gates),
+                  "noise": noise, "within_noise": int((margin <= noise).sum())})
     assert all(margin[i] <= noise for i in flipped), [(i, margin[i]) for i in flipped]
     assert len(flipped) == vs_dedicated.flips

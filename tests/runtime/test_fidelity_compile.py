@@ -28,17 +28,20 @@ def compiled_suffix(tiny_suffix: TinyModel):
 
 
 @pytest.mark.parametrize("mixed", [False, True, "suffix"], ids=["plain", "mixed", "mixed-suffix-mode"])
-def test_stability_compiled(compiled, compiled_suffix, loop, mixed: bool | str) -> None:
+def test_stability_compiled(compiled, compiled_suffix, loop, record_figure, mixed: bool | str) -> None:
     stock, shared = compiled
     shared = compiled_suffix if mixed == "suffix" else shared
     built = [shared.prompts.build(r.question, r.passages, r.conversation) for r in synthetic_requests(64, seed=1)]
     gates = [shared.prompts.build(r.question, r.passages).gate for r in synthetic_requests(64, seed=2)] if mixed else []
     result = loop.run(check_stability(stock, shared, [b.answer for b in built], 128, gates))
-    print(f"compile {'mixed' if mixed else 'plain'}{' (suffix-mode gates)' if mixed == 'suffix' else ''}: {result}")
+    name = {False: "plain", True: "mixed", "suffix": "mixed-suffix-mode"}[mixed]
+    mix = {False: "", True: ", 64 gates mixed in", "suffix": ", 64 suffix-mode gates mixed in"}[mixed]
+    record_figure(f"tiny/stability/compile-{name}", f"answer stability, compile mode, 64 x 128 tokens{mix}", result)
     assert result.passed, result
 
 
-def test_compiled_gate_is_no_further_from_fp32_than_eager(compiled, shared_eager, loop, tiny: TinyModel) -> None:
+def test_compiled_gate_is_no_further_from_fp32_than_eager(compiled, shared_eager, loop, tiny: TinyModel,
+                                                         record_figure) -> None:
     """Compile mode fuses the base's bf16 ops differently (the tap sits inside the compiled graph): the
     compiled gate is no further from fp32 than the eager one, beyond what one reordering of the same bf16
     sums moves a gate on this machine (HF bf16 merged vs unmerged), all measured in this run. A random
@@ -49,6 +52,8 @@ def test_compiled_gate_is_no_further_from_fp32_than_eager(compiled, shared_eager
     fp32, bf16, merged = (HFReference(tiny.model_dir, tiny.adapter_dir, dtype, merged=m).gate_probs(gates)
                           for dtype, m in (("float32", False), ("bfloat16", False), ("bfloat16", True)))
     bounds = no_further_from_fp32(compiled_probs, eager, fp32, bf16, merged, name="compiled")
-    print(f"compiled vs eager: {agreement(compiled_probs, eager, tiny.adapter.spec.thresholds)}\n" + "\n".join(
-        f"{figure}: {value:.4f} (bound {bound:.4f})" for figure, (value, bound) in bounds.items()))
+    record_figure("tiny/compiled/vs-eager", "gate, compile mode vs eager (128 gates)",
+                  agreement(compiled_probs, eager, tiny.adapter.spec.thresholds))
+    record_figure("tiny/compiled/bounds", "gate, compile mode: no further from HF fp32 than eager, plus the "
+                  "merge's move (figure, bound)", bounds)
     assert all(value <= bound for value, bound in bounds.values()), bounds

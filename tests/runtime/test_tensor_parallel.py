@@ -18,7 +18,7 @@ def tp2(engines, cpu_binding) -> tuple[SharedEngine, SharedEngine]:
         return engines(gate=False, extra={"tensor_parallel_size": 2}), engines(extra={"tensor_parallel_size": 2})
 
 
-def test_gate_under_tp2_matches_tp1_in_fp32(engines, tp2, cpu_binding, loop, tiny: TinyModel) -> None:
+def test_gate_under_tp2_matches_tp1_in_fp32(engines, tp2, cpu_binding, loop, tiny: TinyModel, record_figure) -> None:
     """In fp32 the sharded branch computes what the unsharded one does: a wrong LoRA slice would show here."""
     one = engines(dtype="float32")
     gates = synthetic_prompts(one.prompts, 64, 7)
@@ -26,13 +26,13 @@ def test_gate_under_tp2_matches_tp1_in_fp32(engines, tp2, cpu_binding, loop, tin
     with cpu_binding(2):
         two = engines(dtype="float32", extra={"tensor_parallel_size": 2})
     result = agreement(loop.run(shared_gate_probs(two, gates)), expected, tiny.adapter.spec.thresholds)
-    print(f"fp32 TP=2 vs TP=1 gate: {result}")
+    record_figure("tiny/tp2/fp32", "tensor parallelism: gate, fp32, TP=2 vs TP=1 (64 gates)", result)
     assert len(result.mix_a) >= 2
     assert result.flips == 0 and result.max_dp <= 1e-3, result
 
 
 def test_trained_gate_under_tp2_in_bf16_matches_tp1(demo_shared, demo_gates, demo_references, cpu_binding,
-                                                    loop) -> None:
+                                                    loop, record_figure) -> None:
     """bf16 on the demo model: TP=2 sums the base in another order, and a trained gate must not notice.
 
     Bound: no flips against TP=1 (the session's demo engine), and TP=2 no further from the fp32 gate than
@@ -59,19 +59,19 @@ def test_trained_gate_under_tp2_in_bf16_matches_tp1(demo_shared, demo_gates, dem
     result = agreement(two, one, thresholds)
     fp32, bf16, merged = (demo_references[name][:n] for name in ("fp32", "bf16", "merged"))
     bounds = no_further_from_fp32(two, one, fp32, bf16, merged, name="TP=2")
-    print(f"demo bf16 TP=2 vs TP=1 gate: {result}\nTP=1 vs HF fp32: {agreement(one, fp32, thresholds)}\n"
-          f"HF bf16 vs HF fp32: {agreement(bf16, fp32, thresholds)}\n"
-          f"HF bf16 merged vs unmerged: {agreement(merged, bf16, thresholds)}\n" + "\n".join(
-        f"{figure}: {value:.4f} (bound {bound:.4f})" for figure, (value, bound) in bounds.items()))
+    record_figure("demo/tp2/vs-tp1", f"tensor parallelism: gate, bf16, TP=2 vs TP=1 ({n} held-out gates)", result)
+    record_figure("demo/tp2/bounds", "tensor parallelism: TP=2 no further from HF fp32 than TP=1, plus the "
+                  "merge's move (figure, bound)", bounds)
     assert len(result.mix_a) == 3 and result.flips == 0, result
     assert all(value <= bound for value, bound in bounds.values()), bounds
 
 
-def test_generation_under_tp2_is_unchanged_by_the_branch(tp2, loop) -> None:
+def test_generation_under_tp2_is_unchanged_by_the_branch(tp2, loop, record_figure) -> None:
     stock, shared = tp2
     requests = synthetic_requests(32, 8)
     answers = [shared.prompts.build(r.question, r.passages, r.conversation).answer for r in requests]
     gates = [shared.prompts.build(r.question, r.passages, r.conversation).gate for r in synthetic_requests(16, 9)]
     result = loop.run(check_stability(stock, shared, answers, 64, gates))
-    print(f"TP=2 stability (mixed): {result}")
+    record_figure("tiny/tp2/stability", "tensor parallelism: answer stability at TP=2, 32 x 64 tokens, 16 gates "
+                  "mixed in", result)
     assert result.passed, result

@@ -200,7 +200,7 @@ async def soak(url: str, pool: list[Request], seconds: float) -> Tally:
     return tally
 
 
-def test_soak_compares_every_completed_request_with_it_alone(live: LiveServer) -> None:
+def test_soak_compares_every_completed_request_with_it_alone(live: LiveServer, record_figure) -> None:
     runtime = live.runtime
     pool = request_pool(live.config.base_name)
     before = live.on_loop(runtime.engine.stats())
@@ -209,9 +209,11 @@ def test_soak_compares_every_completed_request_with_it_alone(live: LiveServer) -
     pressed = pressing.result(120)
     time.sleep(2)  # the last aborted requests leave the engine's queues
     after = live.on_loop(runtime.engine.stats())
-    print(json.dumps({"soak_seconds": SOAK_SECONDS, "outcomes": tally.outcomes, "completed": len(tally.completed),
-                      "preemptions": after["preemptions"] - before["preemptions"],
-                      "pressure_generations": pressed, "canary_checks": runtime.canaries.state.checks}, indent=1))
+    record_figure("soak/load", f"the soak: {CLIENTS} clients for {SOAK_SECONDS:.0f} s",
+                  {"soak_seconds": SOAK_SECONDS, "clients": CLIENTS, "outcomes": tally.outcomes,
+                   "completed": len(tally.completed), "preemptions": after["preemptions"] - before["preemptions"],
+                   "pressure_generations": pressed, "canary_checks": runtime.canaries.state.checks,
+                   "canary_failed_checks": runtime.canaries.state.failed_checks})
 
     # Only the statuses the test caused: 200, 504 for requests given a deadline, and disconnects.
     for what, n in tally.outcomes.items():
@@ -250,8 +252,9 @@ def test_soak_compares_every_completed_request_with_it_alone(live: LiveServer) -
                 flips.append((req.body["messages"][-1]["content"][-80:], result, reference))
             else:
                 near_ties += 1
-    print(json.dumps({"gate_max_dp": worst_dp, "generations_differing_at_a_near_tie": near_ties,
-                      "compared": len(tally.completed)}))
+    record_figure("soak/alone", "every completed request against the same request alone",
+                  {"gate_max_dp": worst_dp, "generations_differing_at_a_near_tie": near_ties,
+                   "generations_differing_otherwise": len(flips), "compared": len(tally.completed)})
     assert worst_dp <= GATE_TOLERANCE
     assert not flips, flips[:3]
 
