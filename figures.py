@@ -55,6 +55,7 @@ class Item:
     ok_codes: tuple[int, ...] = (0,)  # the evals exit 1 when their rule fails: a verdict, still a figure
     sealed: bool = False  # reads held-out data that is read once per committed model
     limit_minutes: float = 0.0  # 0: three times the expected minutes
+    cuda: bool = False  # runs on a CUDA GPU only: left out of a run of every item on a machine without one
 
     @property
     def limit_s(self) -> float:
@@ -120,6 +121,10 @@ ITEMS: tuple[Item, ...] = (
     Item("soak", "the comparing soak: a real server under mixed load and faults for 600 s, then each request alone",
          13, _pytest("tests/server/test_soak.py"), "file", DEMO,
          env={**SUITE_LAYOUT, **FIGURES_ENV, "GATEHEAD_SOAK_SECONDS": "600"}, ok_codes=(0, 1)),
+    Item("gpu-branch", "the branch against a dedicated gate at a 27B-like shape, PyTorch alone: needs a CUDA GPU",
+         5, ("bash", "-c", "set -e; mkdir -p {dir}; for i in 1 2 3; do {python} -m gatehead.benchmarks.gpu_branch "
+             "> {dir}/run$i.json; done; {python} -m gatehead.benchmarks.gpu_branch --combine {dir}/run1.json "
+             "{dir}/run2.json {dir}/run3.json > {out}"), "file", (), cuda=True),
     Item("bench-demo", "gatehead bench, every setup and workload, demo model", 10,
          ("{gatehead}", "bench", "--model", "demo", "--block-size", "32", "--out", "{out}"), "file", DEMO_BOTH),
     Item("bench-random", "gatehead bench on the 0.36 B random model (where the targets are set)", 120,
@@ -196,16 +201,22 @@ def _fill(out: Path, folder: Path) -> dict[str, str]:
             "{out}": str(out), "{dir}": str(folder)}
 
 
+def _filled(text: str, fill: Mapping[str, str]) -> str:
+    for placeholder, value in fill.items():
+        text = text.replace(placeholder, value)
+    return text
+
+
 def command_line(item: Item, out: Path, folder: Path) -> list[str]:
     fill = _fill(out, folder)
-    return [fill.get(arg, arg) for arg in item.argv]
+    return [_filled(arg, fill) for arg in item.argv]
 
 
 def environment(item: Item, out: Path, folder: Path) -> dict[str, str]:
     """The item's process environment: this one's, the item's own settings (placeholders filled in), and
     vLLM's default process layout unless the item asks for the suite's."""
     fill = _fill(out, folder)
-    env = {**os.environ, **{k: fill.get(v, v) for k, v in item.env.items()}}
+    env = {**os.environ, **{k: _filled(v, fill) for k, v in item.env.items()}}
     for name in (*SUITE_LAYOUT, *FIGURES_ENV):
         if name not in item.env:
             env.pop(name, None)
@@ -214,9 +225,9 @@ def environment(item: Item, out: Path, folder: Path) -> dict[str, str]:
 
 def shown(item: Item) -> str:
     """The command as a person would type it from the repository root."""
-    fill = {"{python}": "python", "{gatehead}": "gatehead", "{out}": "OUT.json", "{dir}": "OUT/"}
-    env = " ".join(f"{k}={fill.get(v, v)}" for k, v in item.env.items())
-    return " ".join(filter(None, [env, shlex.join(fill.get(a, a) for a in item.argv)]))
+    fill = {"{python}": "python", "{gatehead}": "gatehead", "{out}": "OUT.json", "{dir}": "OUT"}
+    env = " ".join(f"{k}={_filled(v, fill)}" for k, v in item.env.items())
+    return " ".join(filter(None, [env, shlex.join(_filled(a, fill) for a in item.argv)]))
 
 
 def _progress(label: str, expected_s: float, done: threading.Event) -> None:
@@ -487,7 +498,62 @@ def _soak_view(envelopes: list[dict]) -> str:
             "\n\n" + table(["requests", "n"], rows))
 
 
-VIEWS = {"bench": _bench_view, "bench-threads": _threads_view, "demo-sets": _demo_sets_view}
+def _mode(results: dict) -> str:
+    return "suffix mode" if "adapter-suffix" in results["command"] else "prompt mode"
+
+
+def _gate_modes_view(many: list[dict]) -> str:
+    """Gate accuracy and refuse recall per evaluation set, a column per `demo.build evaluate` results file."""
+    from gatehead.evals.run import table
+
+    sets = [name for name in many[0]["sets"] if all(name in r["sets"] for r in many)]
+    rows = [[SET_NAMES.get(name, name), many[0]["sets"][name]["questions"]]
+            + [f"{r['sets'][name]['gate']['accuracy']:.1%}, {r['sets'][name]['gate']['recall']['refuse']:.1%}"
+               for r in many] for name in sets]
+    sources = "; ".join(f"{_mode(r)}: `{r['command']}` ({r['device']})" for r in many)
+    return (sources + "\n\n" + table([f"{many[0]['split']} set", "questions",
+                                        *(f"{_mode(r)}: accuracy, refuse recall" for r in many)], rows))
+
+
+def _spread(m: dict, fmt: str) -> str:
+    """A median with its (min-max), as `benchmarks/gpu_branch.py --combine` writes them."""
+    return f"{m['median']:{fmt}} ({m['min']:{fmt}}-{m['max']:{fmt}})"
+
+
+def _gpu_branch_view(r: dict) -> str:
+    """`benchmarks/gpu_branch.py`'s combined runs: the branch against a dedicated gate at a 27B-like shape."""
+    from gatehead.evals.run import table
+
+    prompt = table(["gate prompt", "dedicated full forward ms", "shared engine's branch ms", "ratio"],
+                   [[f"{t['prompt_tokens']:,} tokens", _spread(t["dedicated_full_forward"], ".1f"),
+                     _spread(t["shared_branch_marginal"], ".2f"), _spread(t["ratio"], ".3f")] for t in r["timings_ms"]])
+    suffix = table(["cached prefix", "dedicated, full", "dedicated, prefix cached", "suffix branch, eager", "/ full",
+                    "/ prefix cached", "CUDA graph", "/ full"],
+                   [[f"{t['cached_prefix_tokens']:,} tokens", _spread(t["dedicated_full_forward"], ".1f"),
+                     _spread(t["dedicated_prefix_cached"], ".1f"), _spread(t["suffix_branch"], ".2f"),
+                     _spread(t["ratio"], ".4f"), _spread(t["ratio_to_prefix_cached"], ".3f"),
+                     _spread(t["suffix_branch_cuda_graph"], ".2f"), _spread(t["ratio_cuda_graph"], ".4f")]
+                    for t in r["suffix_mode_ms"]])
+    batched = table(["8 gate prompts of", "sequential ms", "batched ms", "ratio",
+                     "max \\|logit\\| batched vs sequential"],
+                    [[f"{min(b['prompt_tokens']):,}-{max(b['prompt_tokens']):,} tokens",
+                      _spread(b["sequential"], ".1f"),
+                      _spread(b["batched"], ".1f"), _spread(b["ratio"], ".2f"),
+                      f"{b['max_abs_logit_batched_vs_sequential']['max']:.3f}"]
+                     for b in r["batched_prompt_mode_ms"].values()])
+    shape, w = r["shape"], r["weights_gib"]
+    return (f"{r['gpu']}, torch {r['torch']}; {r['parameters_billion']} B parameters ({shape['num_hidden_layers']} "
+            f"layers, hidden {shape['hidden_size']}), k={r['k']}, LoRA r={r['lora_rank']}; medians (min-max) over "
+            f"{r['runs']} runs, each the median of 5 repeats. Prompt-mode gate (the branch over every tapped row):"
+            "\n\n" + prompt + "\nSuffix-mode gate after a cached prefix (ms):\n\n" + suffix
+            + "\nBatched prompt-mode branch, one pass against one after another:\n\n" + batched
+            + f"\nWeights: one shared engine {w['one_shared_engine']} GiB, generation beside a dedicated gate engine "
+            f"{w['two_engines']} GiB.\n")
+
+
+VIEWS = {"bench": _bench_view, "bench-threads": _threads_view, "demo-sets": _demo_sets_view,
+         "gpu-branch": _gpu_branch_view}
+MULTI_VIEWS = {"gate-modes": _gate_modes_view}  # of several results files, comma-separated
 # Views of `docs/figures/` envelopes (several, comma-separated, for "evals").
 ENVELOPE_VIEWS = {"evals": _evals_view, "agent-ttft": _ttft_view, "suffix-latency": _suffix_latency_view,
                   "guard-rates": _guard_view, "tests-tiny": lambda e: _tests_view(e, "tiny/"),
@@ -508,9 +574,23 @@ def render_block(source: str, view: str, root: Path = ROOT) -> str:
         if any(e is None for e in envelopes):
             raise ValueError(f"view {view!r} renders `gatehead figures` envelopes only: {source}")
         return ENVELOPE_VIEWS[view](envelopes)
+    if view in MULTI_VIEWS:
+        return MULTI_VIEWS[view]([load_source(s, root)[0] for s in source.split(",")])
     if view not in VIEWS:
-        raise ValueError(f"unknown README figures view {view!r}; known: {sorted([*VIEWS, *ENVELOPE_VIEWS])}")
+        raise ValueError(f"unknown README figures view {view!r}; "
+                         f"known: {sorted([*VIEWS, *ENVELOPE_VIEWS, *MULTI_VIEWS])}")
     return VIEWS[view](load_source(source, root)[0])
+
+
+def stale_weights(results: dict, root: Path = ROOT) -> list[str]:
+    """The demo weights a `demo.build evaluate` results file names (`weights_sha256`, 16 hex digits of
+    each file's sha256) that are not the committed ones."""
+    stale = []
+    for rel, digest in results.get("weights_sha256", {}).items():
+        path = root / "demo" / rel
+        if not path.is_file() or hashlib.sha256(path.read_bytes()).hexdigest()[: len(digest)] != digest:
+            stale.append(rel)
+    return stale
 
 
 def readme_problems(text: str, root: Path = ROOT) -> list[str]:
@@ -525,9 +605,12 @@ def readme_problems(text: str, root: Path = ROOT) -> list[str]:
         if render_block(source, view, root) != match["body"]:
             problems.append(f"{source} ({view}): the README's table differs from the file's figures")
         for one in source.split(","):
-            envelope = load_source(one, root)[1]
+            results, envelope = load_source(one, root)
             if envelope is not None and envelope["fingerprints"] != fingerprints(by_name([envelope["item"]])[0], root):
                 problems.append(f"{one}: measured on another model or adapter than the committed one")
+            elif envelope is None and stale_weights(results, root):
+                problems.append(f"{one}: measured on other weights than the committed "
+                                f"{', '.join(stale_weights(results, root))}")
     return problems
 
 
@@ -551,6 +634,12 @@ def rewrite_readme(path: Path, root: Path = ROOT, missing: list[str] | None = No
     return changed
 
 
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def main(args: argparse.Namespace) -> int:
     if args.readme:
         missing: list[str] = []
@@ -560,6 +649,10 @@ def main(args: argparse.Namespace) -> int:
             print(f"  not rendered, no results file: {source} (gatehead figures writes it)", file=sys.stderr)
         return 1 if missing else 0
     items = by_name(args.only) if args.only else list(ITEMS)
+    if not args.only and not args.list and not _has_cuda():
+        for item in [i for i in items if i.cuda]:
+            print(f"{item.name}: left out, it needs a CUDA GPU (--only {item.name} on one)", file=sys.stderr)
+        items = [i for i in items if not i.cuda]
     if args.list:
         for item in items:
             state = "  [sealed, read on this model]" if item.sealed and sealed_read(item, args.dir) else ""

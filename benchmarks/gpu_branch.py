@@ -310,6 +310,9 @@ def main() -> None:
                      head_dim=64, intermediate_size=512, vocab_size=1024)
         LENGTHS, PREFIXES, BATCH_LENGTHS = (64,), (48,), {"short": (16, 40, 24)}
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cpu" and "--smoke" not in sys.argv:
+        sys.exit("benchmarks/gpu_branch.py times a 27B-shaped model on a CUDA GPU, and this machine has none "
+                 "(--smoke checks the script on a small shape, on any device)")
     started = time.time()
     config = Qwen3Config(**SHAPE)
     model = build(config, device)
