@@ -785,12 +785,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="write the figures as JSON here (and the tables beside it, .md)")
     p.set_defaults(func=_bench)
 
-    p = commands.add_parser("figures", help="re-measure the README's figures, each into docs/figures/<item>.json",
+    p = commands.add_parser("figures", help="re-measure the figures the README and docs/figures.md show, each "
+                            "into docs/figures/<item>.json",
                             description="Runs figures.py's items (its docstring says what each file holds).")
     p.add_argument("--only", nargs="+", metavar="ITEM", help="these items only (--list names them)")
     p.add_argument("--list", action="store_true", help="list the items, their commands and expected minutes")
     p.add_argument("--reread", action="store_true", help="read sealed held-out data again on the same model")
-    p.add_argument("--readme", action="store_true", help="re-render the README's figure blocks from their files")
+    p.add_argument("--readme", action="store_true", help="re-render the figure blocks of the README, "
+                   "docs/figures.md and docs/demo-model.md from their files")
     p.add_argument("--dir", type=Path, default=Path("docs/figures"), help="where results go (default docs/figures)")
     p.add_argument("--logs", type=Path, help="keep each item's log here (default: beside its temporary output)")
     p.set_defaults(func=_figures)

@@ -313,6 +313,7 @@ def run_item(item: Item, figures_dir: Path = FIGURES_DIR, root: Path = ROOT, rer
 # them again and fails on any difference, and on an envelope whose fingerprints are not the committed
 # model's.
 
+PAGES = ("README.md", "docs/figures.md", "docs/demo-model.md")  # the pages whose figure blocks are rendered
 BLOCK = re.compile(r"<!-- figures (?P<source>\S+) (?P<view>\S+) -->\n(?P<body>.*?)<!-- /figures -->", re.S)
 
 
@@ -431,6 +432,11 @@ def _demo_sets_view(results: dict) -> str:
                     rows))
 
 
+def _small(x: float, fmt: str) -> str:
+    """`x` in `fmt`, or in two significant digits where `fmt` would show a nonzero value as zero."""
+    return f"{x:.1e}" if 0 < abs(x) < 1e-4 else f"{x:{fmt}}"
+
+
 def _figure_cell(value) -> str:
     """One recorded test figure (tests/conftest.py `record_figure`) in a table cell, by its shape."""
     if isinstance(value, dict) and "shared_vs_stock" in value:  # a StabilityResult
@@ -440,7 +446,7 @@ def _figure_cell(value) -> str:
     if isinstance(value, dict) and "mix_a" in value:  # an Agreement
         mix = ", ".join(f"{k} {n}" for k, n in sorted(value["mix_a"].items()))
         return (f"{value['flips']} flip{'' if value['flips'] == 1 else 's'} of {value['n']}, max / mean |dp| "
-                f"{value['max_dp']:.4f} / {value['mean_dp']:.5f} ({mix})")
+                f"{_small(value['max_dp'], '.4f')} / {_small(value['mean_dp'], '.5f')} ({mix})")
     if isinstance(value, dict) and value and all(isinstance(v, list) and len(v) == 2 for v in value.values()):
         return "; ".join(f"{name}: {fig:.4f}{' <=' if fig <= bound else ' **>**'} "
                          f"{bound:.4f}" for name, (fig, bound) in value.items())  # (figure, bound) pairs
@@ -643,8 +649,10 @@ def _has_cuda() -> bool:
 def main(args: argparse.Namespace) -> int:
     if args.readme:
         missing: list[str] = []
-        changed = rewrite_readme(ROOT / "README.md", missing=missing)
-        print(f"README.md: {changed} figure block(s) re-rendered", file=sys.stderr)
+        for page in PAGES:
+            changed = rewrite_readme(ROOT / page, missing=missing)
+            print(f"{page}: {changed} figure block(s) re-rendered", file=sys.stderr)
+        missing = list(dict.fromkeys(missing))
         for source in missing:
             print(f"  not rendered, no results file: {source} (gatehead figures writes it)", file=sys.stderr)
         return 1 if missing else 0

@@ -37,7 +37,7 @@ def invented_stems(r: random.Random, count: int, wide: bool = False) -> list[str
     real names: one syllable ("Jet"), a vowel first ("Azure", "Otter"), c, j, qu, w, y and clusters such
     as ch, cl, fl, sh, th ("Cobalt", "Quill", "Wren"), and more endings (-t, -ll, -lt, -x, -ck). Held-out
     names have those shapes too; a model trained only on the narrow ones refused nearly every question
-    about some of them (see the README).
+    about some of them (see docs/demo-model-history.md).
     """
     onsets, vowels, codas = "b d f g h k l m n p r s t v z br dr gr kr st tr sk".split(), "a e i o u ai ei".split(), \
         ["", "", "n", "r", "l", "s", "m"]

@@ -23,7 +23,9 @@ from gatehead.gate.prompt import PromptBuilder, PromptConfig, encode_untrusted
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Shape of the demo model and its tokenizer: 8 layers, so k=4 leaves 4 shared ones."""
+    """Shape of a demo model and its tokenizer. The defaults are the first demo model's (8 layers); the
+    committed model's recipe (`gatehead.demo.build.demo_recipe`) sets 12 layers of 8 heads of 32 with 4 KV
+    heads, one token per digit and a tokenizer trained on the real training split."""
 
     num_layers: int = 8
     hidden_size: int = 256
@@ -34,7 +36,7 @@ class ModelSpec:
     vocab_size: int = 4096  # BPE merges asked for; the demo texts give fewer, and the model pads to 64
     max_position: int = 2048
     # One token per digit, so copying "€354" is copying three common tokens rather than one of a
-    # thousand rare number tokens. Off in the committed model; tried on at 3 epochs (see the README).
+    # thousand rare number tokens. On in the committed model (docs/demo-model-history.md).
     split_digits: bool = False
     # What the tokenizer is trained on: "all" the training text, synthetic knowledge bases included,
     # or only the "real" labelled training split. With "all", the invented names of the synthetic
@@ -77,7 +79,7 @@ class LMConfig:
     cpu_bf16: bool = False
     # People's phrasings: the phrased training split (`demo/data/phrased-train.jsonl`) beside the
     # templated one, and synthetic knowledge bases asked in the training phrasing families too, with
-    # out-of-scope messages (`gatehead.demo.questions.phrased_questions`). Off in the stages before stop 31.
+    # out-of-scope messages (`gatehead.demo.questions.phrased_questions`). On in the committed model's last stage.
     phrasings: bool = False
 
     def __post_init__(self) -> None:

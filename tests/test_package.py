@@ -88,3 +88,26 @@ def test_wheel_installs_the_same_namespace(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env,
                          check=True)
     assert out.stdout.splitlines() == [str(target / "gatehead" / "__init__.py"), "decide"]
+
+
+def test_the_readmes_architecture_table_names_every_module() -> None:
+    """Every folder of the package has a row, and every module in it is named there (top-level modules in
+    the `top level` row), so the table cannot fall behind the tree."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Architecture"):]
+    rows = {}
+    for line in section.splitlines():
+        if line.startswith("| ") and not line.startswith("| folder") and not line.startswith("| ---"):
+            name, modules = (cell.strip() for cell in line.strip("|").split("|", 1))
+            rows[name.strip("`")] = modules
+    missing = []
+    for package in (*SUBPACKAGES, "benchmarks"):
+        row = rows.get(f"{package}/")
+        if row is None:
+            missing.append(f"{package}/ (no row)")
+            continue
+        missing += [f"{package}/{m.name}" for m in sorted((ROOT / package).glob("*.py"))
+                    if m.name != "__init__.py" and f"`{m.name}`" not in row]
+    missing += [m.name for m in sorted(ROOT.glob("*.py")) if m.name != "__init__.py"
+                and f"`{m.name}`" not in rows.get("top level", "")]
+    assert missing == [], f"the README's architecture table does not name: {missing}"

@@ -12,11 +12,13 @@ from gatehead.figures import BLOCK, fingerprints, readme_problems, render_block
 BENCH = "benchmarks/results/bench_random_cpu.json"
 
 
-def test_readme_figure_blocks_match_their_results_files() -> None:
-    text = (figures.ROOT / "README.md").read_text()
-    sources = {m["source"] for m in BLOCK.finditer(text)}
-    assert {BENCH, "benchmarks/results/bench_demo_cpu.json"} <= sources
-    assert readme_problems(text) == []
+def test_every_pages_figure_blocks_match_their_results_files() -> None:
+    texts = {page: (figures.ROOT / page).read_text() for page in figures.PAGES}
+    sources = {one for text in texts.values() for m in BLOCK.finditer(text) for one in m["source"].split(",")}
+    assert {BENCH, "docs/figures/bench-demo.json", "docs/figures/fidelity.json", "docs/figures/soak.json",
+            "docs/figures/demo-test.json", "docs/figures/eval-dataset-test.json"} <= sources
+    for page, text in texts.items():
+        assert readme_problems(text) == [], page
 
 
 def test_a_stale_table_a_missing_file_and_another_model_are_caught(tmp_path: Path) -> None:
