@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gatehead.evals.agreement import Agreement, agreement
+from gatehead.evals.agreement import Agreement, agreement, bf16_bounds
 from gatehead.runtime.engine import EngineConfig, SharedEngine
 from gatehead.runtime.reference import HFReference
 from gatehead.runtime.tiny import TinyModel
@@ -58,6 +58,29 @@ def against_fp32(probs: np.ndarray, tiny: TinyModel, gates: Sequence[Sequence[in
     bf16 = HFReference(tiny.model_dir, tiny.adapter_dir, "bfloat16").gate_probs(gates)
     thresholds = tiny.adapter.spec.thresholds
     return agreement(probs, fp32, thresholds), agreement(bf16, fp32, thresholds)
+
+
+PAIRS = (("shared-dedicated", "shared vs dedicated engine", "shared", "dedicated"),
+         ("shared-fp32", "shared vs HF fp32", "shared", "fp32"),
+         ("dedicated-fp32", "dedicated vs HF fp32", "dedicated", "fp32"),
+         ("bf16-fp32", "HF bf16 vs HF fp32", "bf16", "fp32"),
+         ("merged-bf16", "HF bf16 LoRA merged vs unmerged", "merged", "bf16"))
+
+
+@pytest.fixture(scope="session")
+def record_agreement(record_figure) -> Callable[..., dict[str, tuple[float, float]]]:
+    """`record_agreement(prefix, where, thresholds, shared=, dedicated=, fp32=, bf16=, merged=)`: records the
+    five agreement pairs and the bf16 bounds under `prefix/agreement/`; returns the bounds."""
+
+    def record(prefix: str, where: str, thresholds, **probs: np.ndarray) -> dict[str, tuple[float, float]]:
+        for key, label, a, b in PAIRS:
+            record_figure(f"{prefix}/agreement/{key}", f"gate, {label} ({where})",
+                          agreement(probs[a], probs[b], thresholds))
+        bounds = bf16_bounds(probs["shared"], probs["dedicated"], probs["fp32"], probs["bf16"], probs["merged"])
+        record_figure(f"{prefix}/agreement/bounds", "gate, the bf16 bounds (figure, bound)", bounds)
+        return bounds
+
+    return record
 
 
 @pytest.fixture(scope="session")

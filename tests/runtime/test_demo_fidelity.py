@@ -13,7 +13,7 @@ import pytest
 
 from gatehead.demo import ADAPTER_DIR, MODEL_DIR
 from gatehead.demo.build import held_out_examples
-from gatehead.evals.agreement import agreement, bf16_bounds, dedicated_gate_probs, shared_gate_probs
+from gatehead.evals.agreement import agreement, dedicated_gate_probs, shared_gate_probs
 from gatehead.evals.stability import check_stability
 from gatehead.gate.adapter import load_gate_adapter
 from gatehead.runtime.dedicated import export_dedicated
@@ -44,7 +44,7 @@ def test_demo_stability_with_gates_in_the_batches(demo_stock, demo_shared, held_
 
 
 def test_demo_gate_agreement(demo_shared, demo_gates, demo_references, held_out, loop, tmp_path,
-                             record_figure) -> None:
+                             record_agreement) -> None:
     adapter = load_gate_adapter(ADAPTER_DIR, MODEL_DIR)
     gates = demo_gates
     generations = built(demo_shared, held_out[256:288], "answer")
@@ -56,15 +56,8 @@ def test_demo_gate_agreement(demo_shared, demo_gates, demo_references, held_out,
     thresholds = adapter.spec.thresholds
     vs_dedicated, vs_fp32 = agreement(shared, dedicated, thresholds), agreement(shared, fp32, thresholds)
     dedicated_vs_fp32 = agreement(dedicated, fp32, thresholds)
-    where = f"{len(gates)} held-out gates mixed with 32 generations"
-    for key, label, a, b in (("shared-dedicated", "shared vs dedicated engine", shared, dedicated),
-                             ("shared-fp32", "shared vs HF fp32", shared, fp32),
-                             ("dedicated-fp32", "dedicated vs HF fp32", dedicated, fp32),
-                             ("bf16-fp32", "HF bf16 vs HF fp32", bf16, fp32),
-                             ("merged-bf16", "HF bf16 LoRA merged vs unmerged", merged, bf16)):
-        record_figure(f"demo/agreement/{key}", f"gate, {label} ({where})", agreement(a, b, thresholds))
-    bounds = bf16_bounds(shared, dedicated, fp32, bf16, merged)
-    record_figure("demo/agreement/bounds", "gate, the bf16 bounds (figure, bound)", bounds)
+    bounds = record_agreement("demo", f"{len(gates)} held-out gates mixed with 32 generations", thresholds,
+                              shared=shared, dedicated=dedicated, fp32=fp32, bf16=bf16, merged=merged)
     assert len(vs_dedicated.mix_a) == 3, f"the demo gate should use all three decisions: {vs_dedicated.mix_a}"
     # Decisions: the same as stock vLLM's classifier, and no more of them wrong against fp32 than it gets wrong.
     assert vs_dedicated.flips == 0, vs_dedicated

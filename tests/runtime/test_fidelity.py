@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gatehead.evals.agreement import agreement, bf16_bounds, dedicated_gate_probs, shared_gate_probs
+from gatehead.evals.agreement import agreement, dedicated_gate_probs, shared_gate_probs
 from gatehead.evals.stability import check_stability
 from gatehead.evals.workload import synthetic_prompts
 from gatehead.gate.policy import decide_all
@@ -45,7 +45,7 @@ def test_perturbed_tap_fails_the_stability_check(stock_eager, perturbed_eager, l
 
 
 def test_gate_agreement_with_dedicated_engine_and_references(shared_eager, loop, tiny: TinyModel, tmp_path,
-                                                             record_figure) -> None:
+                                                             record_figure, record_agreement) -> None:
     """A random adapter's decisions sit on its thresholds, so flips say nothing here: judged on |dp| alone.
 
     Every bound is this machine's own reference, measured in the same run: bf16 results depend on the
@@ -63,15 +63,8 @@ def test_gate_agreement_with_dedicated_engine_and_references(shared_eager, loop,
     merged = HFReference(tiny.model_dir, tiny.adapter_dir, "bfloat16", merged=True).gate_probs(gates)
     thresholds = tiny.adapter.spec.thresholds
     vs_dedicated = agreement(shared, dedicated, thresholds)
-    where = f"{N_AGREEMENT} gates mixed with 32 generations"
-    for key, label, a, b in (("shared-dedicated", "shared vs dedicated engine", shared, dedicated),
-                             ("shared-fp32", "shared vs HF fp32", shared, fp32),
-                             ("dedicated-fp32", "dedicated vs HF fp32", dedicated, fp32),
-                             ("bf16-fp32", "HF bf16 vs HF fp32", bf16, fp32),
-                             ("merged-bf16", "HF bf16 LoRA merged vs unmerged", merged, bf16)):
-        record_figure(f"tiny/agreement/{key}", f"gate, {label} ({where})", agreement(a, b, thresholds))
-    bounds = bf16_bounds(shared, dedicated, fp32, bf16, merged)
-    record_figure("tiny/agreement/bounds", "gate, the bf16 bounds (figure, bound)", bounds)
+    bounds = record_agreement("tiny", f"{N_AGREEMENT} gates mixed with 32 generations", thresholds,
+                              shared=shared, dedicated=dedicated, fp32=fp32, bf16=bf16, merged=merged)
     assert all(figure <= bound for figure, bound in bounds.values()), bounds
     assert np.allclose(shared.sum(axis=1), 1.0, atol=1e-5)
     # Flips: only where a threshold lies within bf16's own noise (HF bf16 vs fp32, max |dp|) of the shared
