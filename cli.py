@@ -135,7 +135,7 @@ def _gate(args: argparse.Namespace) -> int:
     passages = [Passage(text=d) for d in args.doc]
     thresholds = _thresholds(args)
     if args.engine == "hf":
-        from gatehead.runtime.reference import HFReference
+        from gatehead.gate.reference import HFReference
 
         locations = model_locations()
         reference = HFReference(args.model or locations["model"], args.adapter or locations["adapter"], args.dtype)
@@ -219,7 +219,7 @@ def _calibrate(args: argparse.Namespace) -> int:
 
 
 def _build_tiny(args: argparse.Namespace) -> int:
-    from gatehead.runtime.tiny import TinySpec, build_tiny
+    from gatehead.testing import TinySpec, build_tiny
 
     tiny = build_tiny(args.out, TinySpec(arch=args.arch, num_layers=args.layers, seed=args.seed))
     print(f"model:   {tiny.model_dir}\nadapter: {tiny.adapter_dir}")
@@ -285,17 +285,36 @@ def _store_config(args: argparse.Namespace) -> StoreConfig | None:
     return None
 
 
+def _agent_store(args: argparse.Namespace) -> tuple[StoreConfig, tuple[Path, ...]]:
+    """(the store the agent reads, what to ingest into it first): the one the flags name, or the demo index
+    with the demo corpus."""
+    given = _store_config(args)
+    if given is not None:
+        return given, ()
+    from gatehead.demo.index import CORPUS, demo_store_config
+
+    return demo_store_config(), (CORPUS,)
+
+
+def _base_model_name(model: str | Path) -> str | None:
+    """The plain-generation model's id: `gatehead-demo` for the demo model, else the directory's name."""
+    from gatehead.demo import MODEL_DIR
+
+    return "gatehead-demo" if Path(model).resolve() == MODEL_DIR.resolve() else None
+
+
 def _run_agent(args: argparse.Namespace, body) -> int:
     """Open the store, start the engine, open the thread checkpointer, and run `body(agent)` in one event loop."""
     import asyncio
 
-    from gatehead.agent.checkpoint import open_checkpointer
+    from gatehead.agent.checkpoint import default_checkpoint_path, open_checkpointer
     from gatehead.agent.graph import Agent, AgentConfig
-    from gatehead.demo.index import open_agent_store
+    from gatehead.retrieval.store import open_store
 
     config = AgentConfig(top_k=args.top_k, max_searches=args.max_searches, max_answer_tokens=args.max_tokens)
-    store, default_threads = open_agent_store(_store_config(args), log=lambda m: print(m, file=sys.stderr))
-    threads = args.threads or default_threads
+    where, corpus = _agent_store(args)
+    store = open_store(where, corpus, log=lambda m: print(m, file=sys.stderr))
+    threads = args.threads or str(default_checkpoint_path(where))
     try:
         engine = _engine(args)
         try:
@@ -428,9 +447,11 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     keys = list(args.api_key or []) + [k for k in os.environ.get("GATEHEAD_API_KEYS", "").split(",") if k.strip()]
     locations = model_locations()
+    model = args.model or locations["model"]
+    store, corpus = _agent_store(args)
     config = ServerConfig(
-        model=args.model or locations["model"], adapter=args.adapter or locations["adapter"],
-        store=_store_config(args), threads=args.threads, api_keys=tuple(k.strip() for k in keys),
+        model=model, adapter=args.adapter or locations["adapter"], base_model_name=_base_model_name(model),
+        store=store, corpus=corpus, threads=args.threads, api_keys=tuple(k.strip() for k in keys),
         cors_origins=tuple(args.cors_origin or ()), max_body_bytes=args.max_body, max_inflight=args.max_inflight,
         request_timeout=args.timeout, drain_seconds=args.drain_seconds, kv_cache_bytes=args.kv_mb << 20,
         enforce_eager=not args.compile, max_model_len=args.max_model_len, block_size=args.block_size,

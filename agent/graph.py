@@ -178,7 +178,7 @@ def build_graph(engine, store: Retriever, config: AgentConfig = AgentConfig(), c
 
     if engine.prompts is None:
         raise ValueError("the agent needs an engine started with a gate adapter (EngineConfig.adapter)")
-    window = engine.prompts.config.max_context
+    window = engine.prompts.max_context
     rewriter = PromptBuilder(engine.tokenizer, engine.adapter.spec.suffix,
                              PromptConfig(max_context=window, system=REWRITE_SYSTEM))
 

@@ -15,9 +15,9 @@ import torch
 from gatehead.evals.workload import synthetic_requests
 from gatehead.gate.data import parse_example
 from gatehead.gate.prompt import PromptBuilder, PromptConfig
+from gatehead.gate.reference import HFReference
 from gatehead.gate.train import TrainConfig, train_gate
-from gatehead.runtime.reference import HFReference
-from gatehead.runtime.tiny import build_tiny
+from gatehead.testing import build_tiny
 
 
 def main() -> None:

@@ -40,7 +40,7 @@ def evaluate(model_dir: str | Path, adapter_dir: str | Path, records: Sequence[d
     """Figures for `records` (rows written by `gatehead.demo.label`); see the module docstring.
     `answers=False`: the gate's figures alone (the model's replies, which the gate does not change, are
     not generated)."""
-    from gatehead.runtime.reference import HFReference
+    from gatehead.gate.reference import HFReference
 
     reference = HFReference(model_dir, adapter_dir, dtype="float32", device=device)
     adapter = reference.adapter

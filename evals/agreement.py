@@ -115,8 +115,8 @@ def run_agreement(config, m: int = 256, out=None, work_dir=None):
     from gatehead.evals.run import Outcome, table
     from gatehead.evals.stability import build_prompts, prompt_builder
     from gatehead.gate.adapter import load_gate_adapter
+    from gatehead.gate.reference import HFReference
     from gatehead.runtime.dedicated import export_dedicated
-    from gatehead.runtime.reference import HFReference
 
     adapter = load_gate_adapter(config.adapter, config.model)
     window = config.max_model_len or 2048

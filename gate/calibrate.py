@@ -109,7 +109,7 @@ def calibrate(model_dir: str | Path, adapter_dir: str | Path, val: Sequence[Exam
     """Calibrate the adapter in place on `val` (see the module docstring) and report before/after."""
     from safetensors.torch import load_file, save_file
 
-    from gatehead.runtime.reference import HFReference
+    from gatehead.gate.reference import HFReference
 
     if not 0.0 < answer_precision <= 1.0:
         raise ValueError(f"answer_precision must be in (0, 1], got {answer_precision}")

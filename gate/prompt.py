@@ -108,6 +108,16 @@ class PromptBuilder:
             raise ValueError(f"the gate suffix {suffix!r} must end with a special token of the tokenizer")
         self.reserved_ids = frozenset(tokenizer.all_special_ids)
 
+    @property
+    def max_context(self) -> int:
+        """The context the layout fits prompts into (tokens)."""
+        return self.config.max_context
+
+    @property
+    def answer_tokens(self) -> int:
+        """Tokens the layout keeps free for the answer."""
+        return self.config.answer_tokens
+
     def build(self, question: str, passages: Sequence[Passage] = (), conversation: Sequence[Turn] = ()) -> Prompt:
         """Lay out P for `question` and return both prompts, within the context budget."""
         if not question.strip():

@@ -83,7 +83,7 @@ def train_gate(model_dir: str | Path, train: Sequence[Example], val: Sequence[Ex
     from tqdm import tqdm
     from transformers import AutoConfig, AutoTokenizer
 
-    from gatehead.runtime.reference import load_classifier
+    from gatehead.gate.reference import load_classifier
 
     model_dir = Path(model_dir)
     device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")

@@ -152,6 +152,10 @@ class Store:
                                    f"({recorded['model']}, {recorded['embedder']}) than {self.embedder.name} "
                                    f"({self.embedder.identity}): " + fix)
 
+    def ping(self) -> None:
+        """Raise unless the collection can be read now (a Qdrant server may have gone away)."""
+        self.client.get_collection(self.name)
+
     def close(self) -> None:
         """Release the storage (and its lock, for embedded storage)."""
         self.client.close()
@@ -271,3 +275,24 @@ class Store:
                 break
             offset += page
         return kept
+
+
+def open_store(config: StoreConfig, corpus: Sequence[str | Path] = (), embedder: Embedder | None = None,
+               log=print) -> Store:
+    """`config`'s store, with `corpus` (files or directories) ingested first: an index kept up to date with its
+    documents, unchanged files skipped (`gatehead.retrieval.ingest`). What changed is logged."""
+    from gatehead.retrieval.config import IngestConfig
+    from gatehead.retrieval.ingest import ingest
+
+    store = Store(config, embedder or Embedder())
+    if not corpus:
+        return store
+    try:
+        report = ingest([Path(c) for c in corpus], store, IngestConfig(progress=False))
+    except BaseException:
+        store.close()
+        raise
+    if report.added or report.updated or report.removed:
+        log(f"Index at {config.location}: {report.summary()}")
+    return store
+

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from gatehead.gate.adapter import load_gate_adapter, replace_dir
-from gatehead.runtime.reference import merged_gate_classifier
+from gatehead.gate.reference import merged_gate_classifier
 
 CLASSIFIER_ARCHITECTURES = {
     "Qwen3ForCausalLM": "Qwen3ForSequenceClassification",

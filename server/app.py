@@ -57,7 +57,8 @@ class ServerConfig:
 
     model: str | Path
     adapter: str | Path
-    store: StoreConfig | None = None  # None: the demo index (built on first use)
+    store: StoreConfig = field(default_factory=StoreConfig)
+    corpus: tuple[str | Path, ...] = ()  # ingested into the store at start (`gatehead serve`'s default: the demo's)
     threads: str | None = None  # SQLite path or postgres:// URL; default: threads.sqlite next to the store
     api_keys: tuple[str, ...] = ()  # none: the server runs open (and says so at startup)
     cors_origins: tuple[str, ...] = ()  # none: no cross-origin requests
@@ -87,12 +88,7 @@ class ServerConfig:
 
     @property
     def base_name(self) -> str:
-        from gatehead.demo import MODEL_DIR
-
-        if self.base_model_name:
-            return self.base_model_name
-        model = Path(self.model).resolve()
-        return "gatehead-demo" if model == MODEL_DIR.resolve() else model.name
+        return self.base_model_name or Path(self.model).resolve().name
 
 
 class Runtime:
@@ -115,13 +111,14 @@ class Runtime:
         return self.ready and not self.failed and not self.draining
 
     async def start(self, config: ServerConfig) -> None:
-        from gatehead.agent.checkpoint import open_checkpointer
+        from gatehead.agent.checkpoint import default_checkpoint_path, open_checkpointer
         from gatehead.agent.graph import Agent
-        from gatehead.demo.index import open_agent_store
+        from gatehead.retrieval.store import open_store
         from gatehead.runtime.engine import EngineConfig, SharedEngine
 
         try:
-            self.store, default_threads = await asyncio.to_thread(open_agent_store, config.store, log.info)
+            self.store = await asyncio.to_thread(open_store, config.store, config.corpus, None, log.info)
+            default_threads = str(default_checkpoint_path(config.store))
             self.engine = await asyncio.to_thread(SharedEngine, EngineConfig(
                 model=config.model, adapter=config.adapter, enforce_eager=config.enforce_eager,
                 kv_cache_memory_bytes=config.kv_cache_bytes, max_model_len=config.max_model_len,
@@ -417,7 +414,7 @@ def create_app(config: ServerConfig) -> FastAPI:
             if not runtime.engine.alive:
                 raise RuntimeError("the engine core is dead")
             part = "store"
-            await asyncio.to_thread(runtime.store.client.get_collection, runtime.store.name)
+            await asyncio.to_thread(runtime.store.ping)
             part = "threads"
             await runtime.saver.aget_tuple({"configurable": {"thread_id": "readyz", "checkpoint_ns": ""}})
         except Exception:  # noqa: BLE001 - any dependency failing makes the service unready
@@ -545,7 +542,7 @@ def create_app(config: ServerConfig) -> FastAPI:
         salt = _salt(tenant_of(request), keys)
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
         if body.model == AGENT_MODEL:
-            budget = runtime.engine.prompts.config.answer_tokens
+            budget = runtime.engine.prompts.answer_tokens
             if max_tokens is not None and max_tokens > budget:
                 raise ApiError(400, f"max_tokens for {AGENT_MODEL} is at most {budget} (the answer's budget in the "
                                     f"prompt window)")

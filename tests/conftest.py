@@ -18,7 +18,7 @@ import torch  # noqa: F401  (before OMP_NUM_THREADS is set below)
 
 from gatehead.retrieval.config import EmbedderConfig
 from gatehead.retrieval.embedder import Embedder
-from gatehead.runtime.tiny import TinyModel, TinySpec, build_tiny
+from gatehead.testing import TinyModel, TinySpec, build_tiny
 
 T = TypeVar("T")
 
@@ -221,7 +221,7 @@ def demo_references(demo_gates) -> dict[str, Any]:
     """The HF references' probabilities on `demo_gates`, computed once: fp32, bf16, and bf16 with the LoRA
     merged as the dedicated engine holds it (the bf16 ones are slow where the CPU emulates bf16)."""
     from gatehead.demo import ADAPTER_DIR, MODEL_DIR
-    from gatehead.runtime.reference import HFReference
+    from gatehead.gate.reference import HFReference
 
     return {name: HFReference(MODEL_DIR, ADAPTER_DIR, dtype, merged=merged).gate_probs(demo_gates)
             for name, dtype, merged in (("fp32", "float32", False), ("bf16", "bfloat16", False),

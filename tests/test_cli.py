@@ -9,7 +9,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from gatehead.runtime.tiny import TinyModel
+from gatehead.testing import TinyModel
 
 GATEHEAD = str(Path(sys.executable).parent / "gatehead")
 
@@ -79,7 +79,7 @@ def test_export_dedicated_writes_a_stock_classifier(tiny: TinyModel, tmp_path: P
     import torch
     from transformers import AutoModelForSequenceClassification
 
-    from gatehead.runtime.reference import HFReference
+    from gatehead.gate.reference import HFReference
 
     out = tmp_path / "dedicated"
     result = run("export-dedicated", str(out), "--model", str(tiny.model_dir), "--adapter", str(tiny.adapter_dir),

@@ -78,7 +78,7 @@ def test_wheel_installs_the_same_namespace(tmp_path: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     for sub in SUBPACKAGES:
         assert f"gatehead/{sub}/__init__.py" in names
-    assert "gatehead/cli.py" in names and "gatehead/runtime/reference.py" in names
+    assert "gatehead/cli.py" in names and "gatehead/gate/reference.py" in names
     assert not [n for n in names if n.startswith(("tests/", "gatehead/tests/"))]
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
@@ -111,3 +111,37 @@ def test_the_readmes_architecture_table_names_every_module() -> None:
     missing += [m.name for m in sorted(ROOT.glob("*.py")) if m.name != "__init__.py"
                 and f"`{m.name}`" not in rows.get("top level", "")]
     assert missing == [], f"the README's architecture table does not name: {missing}"
+
+
+LAYERS = {  # package: the packages it must not import (at module level or inside a function)
+    "gate": ("runtime", "agent", "server", "demo"),
+    "runtime": ("agent", "server", "demo"),
+    "retrieval": ("runtime", "agent", "server", "demo"),
+    "server": ("demo",),
+}
+
+
+def gatehead_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, subpackage) for every `gatehead.<subpackage>` a module imports, wherever the import sits."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+            [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+        found += [(node.lineno, n.split(".")[1]) for n in names if n.startswith("gatehead.") and n.count(".") >= 1]
+        if isinstance(node, ast.ImportFrom) and node.module == "gatehead":  # from gatehead import demo
+            found += [(node.lineno, a.name) for a in node.names]
+    return found
+
+
+def test_layers_import_downward_only() -> None:
+    offenders = [f"{path.relative_to(ROOT)}:{line} imports gatehead.{sub}"
+                 for package, banned in LAYERS.items() for path in sorted((ROOT / package).rglob("*.py"))
+                 for line, sub in gatehead_imports(path) if sub in banned]
+    assert offenders == [], "\n".join(offenders)
+
+
+def test_the_layer_check_sees_function_level_imports(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("def f():\n    from gatehead.demo import MODEL_DIR\n    import gatehead.agent.graph\n"
+                      "from gatehead import server\n")
+    assert sorted(gatehead_imports(module)) == [(2, "demo"), (3, "agent"), (4, "server")]

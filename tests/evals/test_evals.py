@@ -25,7 +25,7 @@ from gatehead.evals.dataset import (
 )
 from gatehead.evals.run import Outcome, read_ledger, run_eval
 from gatehead.evals.squad import convert_squad
-from gatehead.runtime.tiny import TinyModel
+from gatehead.testing import TinyModel
 
 GATEHEAD = str(Path(sys.executable).parent / "gatehead")
 ENGINE = ["--max-model-len", "1024", "--block-size", "32", "--kv-mb", "128"]

@@ -22,9 +22,9 @@ from gatehead.gate.adapter import AdapterError, alora_offsets, load_gate_adapter
 from gatehead.gate.calibrate import calibrate
 from gatehead.gate.data import read_examples
 from gatehead.gate.prompt import Passage, PromptBuilder, PromptConfig
+from gatehead.gate.reference import HFReference
 from gatehead.gate.train import TrainConfig, train_gate
-from gatehead.runtime.reference import HFReference
-from gatehead.runtime.tiny import TinyModel, TinySpec, build_tiny
+from gatehead.testing import TinyModel, TinySpec, build_tiny
 
 GATEHEAD = str(Path(sys.executable).parent / "gatehead")
 QUESTIONS = [("How long is the router warranty?", "The router warranty lasts two years."),
@@ -110,7 +110,7 @@ def test_the_reference_is_the_base_prefix_cache_plus_the_lora_on_the_suffix(acti
     import torch
     from peft import PeftModel
 
-    from gatehead.runtime.reference import load_classifier
+    from gatehead.gate.reference import load_classifier
 
     adapter = load_gate_adapter(activated.adapter_dir, activated.model_dir)
     prompts = question_prompts(activated)

@@ -12,9 +12,9 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from gatehead.gate.adapter import GATE_JSON, AdapterError, BaseIdentity, load_gate_adapter, save_gate_adapter
+from gatehead.gate.reference import HFReference
 from gatehead.gate.weights import fingerprint
-from gatehead.runtime.reference import HFReference
-from gatehead.runtime.tiny import TinyModel
+from gatehead.testing import TinyModel
 
 WEIGHTS = "adapter_model.safetensors"
 

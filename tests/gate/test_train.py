@@ -16,7 +16,7 @@ from gatehead.gate.data import read_examples
 from gatehead.gate.metrics import classification_metrics, softmax
 from gatehead.gate.policy import Thresholds
 from gatehead.gate.train import TrainConfig, train_gate
-from gatehead.runtime.tiny import TinyModel
+from gatehead.testing import TinyModel
 
 GATEHEAD = str(Path(sys.executable).parent / "gatehead")
 
@@ -34,7 +34,7 @@ def trained(tiny: TinyModel, data, tmp_path_factory: pytest.TempPathFactory):
 
 
 def test_training_learns_the_labels(trained, tiny: TinyModel, data) -> None:
-    from gatehead.runtime.reference import HFReference
+    from gatehead.gate.reference import HFReference
 
     untrained, best = trained.epochs[0], trained.epochs[trained.best_epoch]
     assert untrained.train_loss is None and trained.best_epoch >= 1

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from gatehead.evals.agreement import Agreement, agreement, bf16_bounds
+from gatehead.gate.reference import HFReference
 from gatehead.runtime.engine import EngineConfig, SharedEngine
-from gatehead.runtime.reference import HFReference
-from gatehead.runtime.tiny import TinyModel
+from gatehead.testing import TinyModel
 
 KV_BYTES = 128 << 20
 

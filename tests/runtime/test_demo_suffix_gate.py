@@ -10,8 +10,8 @@ import pytest
 from gatehead.demo import MODEL_DIR, SUFFIX_ADAPTER_DIR
 from gatehead.evals.agreement import agreement, shared_gate_probs
 from gatehead.gate.policy import LABELS
+from gatehead.gate.reference import HFReference
 from gatehead.runtime.engine import EngineConfig, SharedEngine
-from gatehead.runtime.reference import HFReference
 
 N = 256
 

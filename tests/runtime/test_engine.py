@@ -12,10 +12,10 @@ import pytest
 from gatehead.gate.adapter import AdapterError
 from gatehead.gate.policy import Thresholds
 from gatehead.gate.prompt import Passage
+from gatehead.gate.reference import HFReference
 from gatehead.runtime.engine import EngineConfig, SharedEngine
 from gatehead.runtime.plugin import GATE_FLAG
-from gatehead.runtime.reference import HFReference
-from gatehead.runtime.tiny import TinyModel, TinySpec
+from gatehead.testing import TinyModel, TinySpec
 
 DOCS = [Passage("The warranty covers defects for two years.", "Warranty", "kb/w.md", 0.9)]
 

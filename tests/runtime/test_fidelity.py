@@ -9,10 +9,10 @@ from gatehead.evals.agreement import agreement, dedicated_gate_probs, shared_gat
 from gatehead.evals.stability import check_stability
 from gatehead.evals.workload import synthetic_prompts
 from gatehead.gate.policy import decide_all
+from gatehead.gate.reference import HFReference
 from gatehead.runtime.dedicated import export_dedicated
 from gatehead.runtime.engine import SharedEngine
-from gatehead.runtime.reference import HFReference
-from gatehead.runtime.tiny import TinyModel
+from gatehead.testing import TinyModel
 
 N_STABILITY = 64
 N_AGREEMENT = 256

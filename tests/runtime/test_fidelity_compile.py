@@ -7,9 +7,9 @@ import pytest
 from gatehead.evals.agreement import agreement, no_further_from_fp32, shared_gate_probs
 from gatehead.evals.stability import check_stability
 from gatehead.evals.workload import synthetic_requests
+from gatehead.gate.reference import HFReference
 from gatehead.runtime.engine import EngineConfig, SharedEngine
-from gatehead.runtime.reference import HFReference
-from gatehead.runtime.tiny import TinyModel
+from gatehead.testing import TinyModel
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,10 @@ import pytest
 from gatehead.evals.agreement import agreement, shared_gate_probs
 from gatehead.evals.stability import check_stability
 from gatehead.evals.workload import synthetic_prompts, synthetic_requests
+from gatehead.gate.reference import HFReference
 from gatehead.runtime.canary import Canaries, CanaryConfig, GateRecord
 from gatehead.runtime.engine import EngineConfig, SharedEngine
-from gatehead.runtime.reference import HFReference
-from gatehead.runtime.tiny import TinyModel
+from gatehead.testing import TinyModel
 
 SUFFIX_LENGTH = 3  # tiny_suffix's (tests/conftest.py)
 BLOCK = 32

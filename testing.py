@@ -159,7 +159,7 @@ def build_tiny(out_dir: str | Path, spec: TinySpec = TinySpec()) -> TinyModel:
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from gatehead.runtime.reference import load_classifier
+    from gatehead.gate.reference import load_classifier
 
     out_dir = Path(out_dir)
     model_dir, adapter_dir = out_dir / "model", out_dir / "adapter"

@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import load_file
 
 from gatehead.gate.prompt import Passage, Turn
-from gatehead.runtime.reference import HFReference
-from gatehead.runtime.tiny import TinyModel
+from gatehead.gate.reference import HFReference
+from gatehead.testing import TinyModel
 
 QUESTIONS = ["How long is the warranty?", "Who won the match?", "Reset the router?", "Price of the premium plan?"]
 
