@@ -307,8 +307,8 @@ def _run_agent(args: argparse.Namespace, body) -> int:
     """Open the store, start the engine, open the thread checkpointer, and run `body(agent)` in one event loop."""
     import asyncio
 
+    from gatehead.agent import Agent, AgentConfig
     from gatehead.agent.checkpoint import default_checkpoint_path, open_checkpointer
-    from gatehead.agent.graph import Agent, AgentConfig
     from gatehead.retrieval.store import open_store
 
     config = AgentConfig(top_k=args.top_k, max_searches=args.max_searches, max_answer_tokens=args.max_tokens)
@@ -439,7 +439,7 @@ def _engine_args(args: argparse.Namespace) -> dict:
 def _serve(args: argparse.Namespace) -> int:
     import logging
 
-    from gatehead.agent.graph import AgentConfig
+    from gatehead.agent import AgentConfig
     from gatehead.server.app import ServerConfig
     from gatehead.server.serve import serve
 
@@ -466,7 +466,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _agent_arguments(p: argparse.ArgumentParser) -> None:
-    from gatehead.agent.graph import AgentConfig
+    from gatehead.agent import AgentConfig
 
     _model_arguments(p)
     where = p.add_mutually_exclusive_group()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gatehead.agent.graph import TurnResult
+from gatehead.agent.state import TurnResult
 
 
 def _probs(probs: dict[str, float]) -> str:

@@ -277,7 +277,7 @@ async def _workloads(setup, engine: SharedEngine | None, config: BenchConfig, co
     """The workloads on one setup; `reset()` empties its engines' prefix caches before each one, so no
     workload reads what an earlier one left (within a workload, turns share prefixes as real traffic does).
     `engine`: where the prefix-reuse workload answers (None: not run on this setup)."""
-    from gatehead.agent.graph import Agent
+    from gatehead.agent import Agent
 
     agent = Agent(setup, store, agent_config)
     out: dict = {}
@@ -314,7 +314,7 @@ def run(config: BenchConfig, log=print, on_setup=None) -> dict:
     """Every setup in `config.setups`, one after the other on this machine (see the module docstring).
     `on_setup(results)`, if given, is called with the runs measured so far (setup -> runs) each time a
     setup finishes, so a stopped run keeps what it measured."""
-    from gatehead.agent.graph import AgentConfig
+    from gatehead.agent import AgentConfig
     from gatehead.demo.index import open_demo_store
     from gatehead.evals.kv import checkpoint_bytes
     from gatehead.gate.adapter import load_gate_adapter

@@ -177,7 +177,7 @@ def _read_records(path: Path, questions: Sequence[Question]) -> dict[int, dict]:
 
 
 async def _run_one(q: Question, engine, store, agent_config, gate_only: bool, top_k: int, seed: int) -> dict:
-    from gatehead.agent.graph import Agent, as_passage
+    from gatehead.agent import Agent, as_passage
 
     started = time.perf_counter()
     record: dict[str, Any] = {"index": q.index, "question": q.question, "label": q.label}
@@ -225,7 +225,7 @@ def run_dataset(config, questions_path: Path, corpus: Path | None, out: Path, st
     """The dataset eval: run (resuming any records already in `out`), then measure; an `Outcome`."""
     from tqdm import tqdm
 
-    from gatehead.agent.graph import AgentConfig
+    from gatehead.agent import AgentConfig
     from gatehead.retrieval.config import IngestConfig, StoreConfig
     from gatehead.retrieval.embedder import Embedder
     from gatehead.retrieval.ingest import ingest

@@ -30,7 +30,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from gatehead.agent.graph import AgentConfig, gate_decision
+from gatehead.agent import AgentConfig, gate_decision
 from gatehead.gate.policy import Thresholds
 from gatehead.gate.prompt import Passage, Turn
 from gatehead.retrieval.config import StoreConfig
@@ -111,8 +111,8 @@ class Runtime:
         return self.ready and not self.failed and not self.draining
 
     async def start(self, config: ServerConfig) -> None:
+        from gatehead.agent import Agent
         from gatehead.agent.checkpoint import default_checkpoint_path, open_checkpointer
-        from gatehead.agent.graph import Agent
         from gatehead.retrieval.store import open_store
         from gatehead.runtime.engine import EngineConfig, SharedEngine
 

@@ -1,0 +1,170 @@
+"""The agent's nodes, and the gate as a node for graphs of your own.
+
+Every node is a module-level async function of the graph state and LangGraph's `runtime`, whose
+context (`AgentContext`) holds the engine, the store and the settings; nodes never build engines or
+stores. The gate, the query rewrite and the answer all run on the one engine; the answer's prompt is
+the gate prompt's prefix (same layout, same budget), so it reads the gate's prefill from the cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict
+from typing import Any
+
+from langgraph.runtime import Runtime
+
+from gatehead.agent.context import AgentContext, Engine
+from gatehead.agent.prompts import NOT_FOUND, REFUSAL
+from gatehead.agent.state import AgentState, Decision, as_passage, turns_of
+from gatehead.gate.policy import Thresholds
+from gatehead.gate.prompt import Turn
+
+Node = Callable[[AgentState, Runtime[AgentContext]], Awaitable[dict]]
+
+
+async def gate_decision(engine: Engine, question: str, passages: Sequence[Any], conversation: Sequence[Any] = (),
+                        thresholds: Thresholds | None = None, cache_salt: str | None = None) -> dict:
+    """Gate `question` over `passages` on the shared engine.
+
+    Returns {"decision", "probs", "thresholds", "prompt_tokens", "dropped", "prompt"}; `dropped` names
+    what the context budget left out (turn indices, passage sources or indices).
+    The building block of the agent's gate node and of `gate_node` for graphs of your own.
+    """
+    kept = [as_passage(p) for p in passages]
+    turns = [t if isinstance(t, Turn) else Turn(t["role"], t["text"]) for t in conversation]
+    outcome = await engine.gate(question, kept, turns, thresholds=thresholds, cache_salt=cache_salt)
+    prompt = outcome.prompt
+    return {"decision": outcome.result.decision, "probs": dict(outcome.result.probs),
+            "thresholds": outcome.result.thresholds.to_dict(), "prompt_tokens": outcome.num_prompt_tokens,
+            "dropped": {"turns": list(prompt.dropped.turns),
+                        "passages": [kept[i].source or str(i) for i in prompt.dropped.passages]},
+            "prompt": prompt}
+
+
+def gate_node(engine: Engine, *, question_key: str = "question", passages_key: str = "passages",
+              conversation_key: str | None = None, output_key: str = "gate",
+              thresholds: Thresholds | None = None) -> Callable[[dict], Awaitable[dict]]:
+    """A LangGraph node for a graph of your own: gates `state[question_key]` over `state[passages_key]`.
+
+    Passages may be anything `as_passage` takes (your retriever's documents as they come). The node
+    writes `{output_key: {"decision": ..., "probs": {...}, "dropped": {...}}}`; route on it with
+    `route_on_gate(output_key)`.
+    """
+
+    async def gate(state: dict) -> dict:
+        conversation = state.get(conversation_key, ()) if conversation_key else ()
+        result = await gate_decision(engine, state[question_key], state.get(passages_key) or (), conversation,
+                                     thresholds)
+        result.pop("prompt")
+        return {output_key: result}
+
+    return gate
+
+
+def route_on_gate(output_key: str = "gate") -> Callable[[dict], Decision]:
+    """A conditional-edge function: the gate's decision ("answer", "refuse" or "search")."""
+
+    def route(state: dict) -> Decision:
+        return state[output_key]["decision"]
+
+    return route
+
+
+def timed(name: str, fn: Node) -> Node:
+    """`fn`, adding its run to the state's `timings` (with what it reports under `_timing`)."""
+
+    async def node(state: AgentState, runtime: Runtime[AgentContext]) -> dict:
+        started = time.perf_counter()
+        update = await fn(state, runtime)
+        entry = {"node": name, "seconds": round(time.perf_counter() - started, 6), **update.pop("_timing", {})}
+        return {**update, "timings": [entry]}
+
+    node.__name__ = name
+    return node
+
+
+async def begin(state: AgentState, runtime: Runtime[AgentContext]) -> dict:
+    """Start a turn: its logs afresh, the thread's history kept."""
+    question = state.get("question", "")
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError("the question is empty")
+    return {"queries": None, "gates": None, "timings": None, "searches": 0, "decision": "", "answer": "",
+            "finish_reason": "stop", "error": "", "passages": [], "dropped": {}, "standalone": question,
+            "ask": question, "history": state.get("history") or []}
+
+
+async def contextualize(state: AgentState, runtime: Runtime[AgentContext]) -> dict:
+    """A follow-up made standalone for retrieval."""
+    ctx = runtime.context
+    prompt = ctx.rewriter.build(state["question"], (), turns_of(state["history"]))
+    out = await ctx.engine.generate(prompt.answer, max_tokens=ctx.config.max_rewrite_tokens, cache_salt=ctx.cache_salt)
+    return {"standalone": out.text.strip() or state["question"]}
+
+
+async def retrieve(state: AgentState, runtime: Runtime[AgentContext]) -> dict:
+    """The store's passages for the standalone question, or for the last rewrite after a search."""
+    ctx = runtime.context
+    query = state["standalone"] if not state.get("searches") else state["ask"]
+    try:
+        hits = await asyncio.to_thread(ctx.store.search, query, top_k=ctx.config.top_k)
+        passages = [as_passage(h) for h in hits]
+    except Exception as exc:  # noqa: BLE001 - any failure ends the turn with its message, never an answer
+        return {"queries": [query], "decision": "error",
+                "error": f"retrieval failed for {query!r}: {type(exc).__name__}: {exc}"}
+    return {"queries": [query], "passages": [asdict(p) for p in passages]}
+
+
+async def gate(state: AgentState, runtime: Runtime[AgentContext]) -> dict:
+    ctx = runtime.context
+    result = await gate_decision(ctx.engine, state["ask"], state["passages"], state["history"], ctx.config.thresholds,
+                                 ctx.cache_salt)
+    call = {"query": state["ask"], "probs": result["probs"], "decision": result["decision"]}
+    return {"gates": [call], "dropped": result["dropped"]}
+
+
+async def generate(state: AgentState, runtime: Runtime[AgentContext]) -> dict:
+    """The answer, streamed to the run's writer: the same builder and inputs as the gate's prompt, so the
+    same prefix, read from the prefix cache."""
+    ctx = runtime.context
+    prompt = ctx.engine.prompts.build(state["ask"], [as_passage(p) for p in state["passages"]],
+                                      turns_of(state["history"]))
+    started, first, text, cached, tokens, finish = time.perf_counter(), None, "", 0, 0, None
+    async for out in ctx.engine.stream(prompt.answer, max_tokens=ctx.answer_tokens, cache_salt=ctx.cache_salt):
+        if out.token_ids and first is None:  # the first token, whether or not it decodes to text yet
+            first = time.perf_counter() - started
+        if out.text != text:
+            runtime.stream_writer({"token": out.text[len(text):]})
+            text = out.text
+        cached, finish, tokens = out.num_cached_tokens, out.finish_reason, len(out.token_ids)
+    return {"answer": text.strip(), "decision": "answer", "finish_reason": finish or "stop",
+            "_timing": {"ttft": round(first or 0.0, 6), "cached_tokens": cached, "answer_tokens": tokens,
+                        "prompt_tokens": len(prompt.answer)}}
+
+
+async def refusal(state: AgentState, runtime: Runtime[AgentContext]) -> dict:
+    return {"answer": REFUSAL, "decision": "refuse"}
+
+
+async def rewrite(state: AgentState, runtime: Runtime[AgentContext]) -> dict:
+    """The question rewritten for another search, from what the last retrieval found."""
+    ctx = runtime.context
+    prompt = ctx.rewriter.build(state["ask"], [as_passage(p) for p in state["passages"]], turns_of(state["history"]))
+    out = await ctx.engine.generate(prompt.answer, max_tokens=ctx.config.max_rewrite_tokens, cache_salt=ctx.cache_salt)
+    return {"ask": out.text.strip() or state["ask"], "searches": state.get("searches", 0) + 1}
+
+
+async def not_found(state: AgentState, runtime: Runtime[AgentContext]) -> dict:
+    return {"answer": NOT_FOUND, "decision": "not_found"}
+
+
+async def finish(state: AgentState, runtime: Runtime[AgentContext]) -> dict:
+    """The turn joins the thread's history."""
+    turns = [{"role": "user", "text": state["question"]}, {"role": "assistant", "text": state["answer"]}]
+    return {"history": [*state["history"], *turns]}
+
+
+async def failed(state: AgentState, runtime: Runtime[AgentContext]) -> dict:
+    return {}
