@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # where the machine has one (find-links), else from PyTorch's CPU index (PyPI has only CUDA builds).
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: install browser demo test figures lint clean
+.PHONY: install browser demo test test-fast figures lint clean
 
 install: $(VENV)/.installed
 
@@ -30,6 +30,11 @@ browser:
 TEST_WORKERS ?= 2
 test: install browser
 	$(BIN)/python -m pytest -n $(TEST_WORKERS)
+
+# The unit tier alone (tests/unit): graph routes, the service's error paths and admission, formats and
+# layout, on a scripted engine; no vLLM engine, Qdrant store or server process. About a minute.
+test-fast: install
+	$(BIN)/python -m pytest -n 0 tests/unit
 
 demo: install
 	$(BIN)/gatehead info

@@ -440,7 +440,8 @@ def _serve(args: argparse.Namespace) -> int:
     import logging
 
     from gatehead.agent import AgentConfig
-    from gatehead.server.app import ServerConfig
+    from gatehead.runtime.engine import EngineConfig
+    from gatehead.server.config import ServerConfig
     from gatehead.server.serve import serve
 
     args = apply_environment(args)
@@ -449,13 +450,15 @@ def _serve(args: argparse.Namespace) -> int:
     locations = model_locations()
     model = args.model or locations["model"]
     store, corpus = _agent_store(args)
+    engine = EngineConfig(model=model, adapter=args.adapter or locations["adapter"], enforce_eager=not args.compile,
+                          kv_cache_memory_bytes=args.kv_mb << 20, max_model_len=args.max_model_len,
+                          block_size=args.block_size, max_num_batched_tokens=args.max_batched_tokens,
+                          extra=_engine_args(args))
     config = ServerConfig(
-        model=model, adapter=args.adapter or locations["adapter"], base_model_name=_base_model_name(model),
-        store=store, corpus=corpus, threads=args.threads, api_keys=tuple(k.strip() for k in keys),
-        cors_origins=tuple(args.cors_origin or ()), max_body_bytes=args.max_body, max_inflight=args.max_inflight,
-        request_timeout=args.timeout, drain_seconds=args.drain_seconds, kv_cache_bytes=args.kv_mb << 20,
-        enforce_eager=not args.compile, max_model_len=args.max_model_len, block_size=args.block_size,
-        max_num_batched_tokens=args.max_batched_tokens, engine_args=_engine_args(args),
+        engine=engine, base_model_name=_base_model_name(model), store=store, corpus=corpus, threads=args.threads,
+        api_keys=tuple(k.strip() for k in keys), cors_origins=tuple(args.cors_origin or ()),
+        max_body_bytes=args.max_body, max_inflight=args.max_inflight, request_timeout=args.timeout,
+        drain_seconds=args.drain_seconds,
         agent=AgentConfig(top_k=args.top_k, max_searches=args.max_searches, max_answer_tokens=args.max_tokens),
         guard=GuardConfig(window=args.guard_window, improbable_logprob=args.guard_improbable_logprob,
                           improbable_run=args.guard_improbable_run, enabled=not args.no_guard),

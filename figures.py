@@ -71,9 +71,9 @@ RANDOM = (("model", f"{RANDOM_DIR}/model"), ("adapter", f"{RANDOM_DIR}/adapter")
 # The fidelity figures are measured by the tests that judge them: with GATEHEAD_FIGURES_FILE set, their
 # `record_figure` fixture (tests/conftest.py) writes each figure and each test's outcome there.
 FIGURES_ENV = {"GATEHEAD_FIGURES_FILE": "{out}"}
-FIDELITY_TESTS = ("tests/runtime/test_fidelity.py", "tests/runtime/test_fidelity_compile.py",
-                  "tests/runtime/test_chunking.py", "tests/runtime/test_demo_fidelity.py",
-                  "tests/runtime/test_tensor_parallel.py")
+FIDELITY_TESTS = ("tests/integration/runtime/test_fidelity.py", "tests/integration/runtime/test_fidelity_compile.py",
+                  "tests/integration/runtime/test_chunking.py", "tests/integration/runtime/test_demo_fidelity.py",
+                  "tests/integration/runtime/test_tensor_parallel.py")
 
 
 def _pytest(*paths: str) -> tuple[str, ...]:
@@ -119,7 +119,7 @@ ITEMS: tuple[Item, ...] = (
          "(GATEHEAD_TEST_CPU_ISA=avx512)", 35, _pytest(*FIDELITY_TESTS), "file", DEMO,
          env={**SUITE_LAYOUT, **FIGURES_ENV, "GATEHEAD_TEST_CPU_ISA": "avx512"}, ok_codes=(0, 1)),
     Item("soak", "the comparing soak: a real server under mixed load and faults for 600 s, then each request alone",
-         13, _pytest("tests/server/test_soak.py"), "file", DEMO,
+         13, _pytest("tests/integration/server/test_soak.py"), "file", DEMO,
          env={**SUITE_LAYOUT, **FIGURES_ENV, "GATEHEAD_SOAK_SECONDS": "600"}, ok_codes=(0, 1)),
     Item("gpu-branch", "the branch against a dedicated gate at a 27B-like shape, PyTorch alone: needs a CUDA GPU",
          5, ("bash", "-c", "set -e; mkdir -p {dir}; for i in 1 2 3; do {python} -m gatehead.benchmarks.gpu_branch "

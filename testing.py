@@ -1,4 +1,6 @@
-"""Tiny random models for tests and benchmarks: base checkpoint, tokenizer and gate adapter, in seconds.
+"""What tests stand on: tiny random models, and a scripted engine and store for the fast tier.
+
+Tiny random models, for tests and benchmarks: base checkpoint, tokenizer and gate adapter, in seconds.
 
 `build_tiny(out_dir, TinySpec(...))` writes, deterministically for a given spec:
 - `model/`: an HF causal-LM checkpoint (Qwen3, Qwen2 or Llama architecture, bf16 safetensors) with a
@@ -7,13 +9,21 @@
 
 The weights are random: generations are gibberish and gate probabilities are noise. Use it to test
 mechanics and numerics, never quality; the demo model is the trained one.
+
+`ScriptedEngine` and `ScriptedStore` stand in for the shared engine and the Qdrant store where the
+point is routing and error handling (an agent graph's routes, the service's error paths): the
+engine lays prompts out with the real `PromptBuilder` and answers gates as a test scripts them, with
+no vLLM; both record every call.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+import asyncio
+import re
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gatehead.gate.adapter import (
     DEFAULT_ACTION_TOKENS,
@@ -24,6 +34,8 @@ from gatehead.gate.adapter import (
     lora_config,
     save_gate_adapter,
 )
+from gatehead.gate.policy import Thresholds, gate_result
+from gatehead.gate.prompt import PromptBuilder, PromptConfig
 
 ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
 RESERVED_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", DEFAULT_SUFFIX, *DEFAULT_ACTION_TOKENS)
@@ -185,3 +197,116 @@ def build_tiny(out_dir: str | Path, spec: TinySpec = TinySpec()) -> TinyModel:
     gate_spec = GateSpec(k=spec.k, base=BaseIdentity.of_model(model_dir), suffix=suffix, activation=spec.activation)
     adapter = save_gate_adapter(model, gate_spec, adapter_dir, model_dir)
     return TinyModel(model_dir=model_dir, adapter_dir=adapter_dir, adapter=adapter)
+
+
+# ----- the scripted engine and store ------------------------------------------------------------
+
+SCRIPTED_PROBS = {"answer": {"answer": 0.9, "refuse": 0.05, "search": 0.05},
+                  "refuse": {"answer": 0.05, "refuse": 0.9, "search": 0.05},
+                  "search": {"answer": 0.1, "refuse": 0.1, "search": 0.8}}
+
+
+@dataclass
+class ScriptedEngine:
+    """An engine with `SharedEngine`'s interface and no model: gates decide as `decisions` says, in order
+    ("answer" when they run out); generations say `rewrite` (whole) or stream `answer` word by word.
+
+    Hooks for failure paths: `fail` (an exception every gate and generation raises), `hold` (an event
+    every call waits for first: a request that stays in flight), `cancelled` (calls cancelled while
+    held). `calls` records (method, keyword arguments) of every call.
+    """
+
+    tokenizer: Any
+    adapter: Any
+    decisions: list[str] = field(default_factory=list)
+    answer: str = "The warranty lasts two years [1]."
+    rewrite: str = "warranty period of the Vale Lantern"
+    max_model_len: int = 1024
+    fail: BaseException | None = None
+    hold: asyncio.Event | None = None
+    calls: list[tuple[str, dict]] = field(default_factory=list)
+    cancelled: int = 0
+    alive: bool = True
+
+    def __post_init__(self) -> None:
+        self.prompts: PromptBuilder | None = PromptBuilder(self.tokenizer, self.adapter.spec.suffix,
+                                                           PromptConfig(max_context=self.max_model_len))
+        self.gate_reserved = frozenset()
+
+    async def _enter(self, method: str, kwargs: dict) -> None:
+        self.calls.append((method, kwargs))
+        if self.hold is not None:
+            try:
+                await self.hold.wait()
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
+        if self.fail is not None:
+            raise self.fail
+
+    async def gate(self, question, passages=(), conversation=(), *, thresholds=None, cache_salt=None):
+        from gatehead.runtime.engine import GateOutcome
+
+        prompt = self.prompts.build(question, passages, conversation)
+        await self._enter("gate", {"question": question, "passages": len(passages), "cache_salt": cache_salt})
+        decision = self.decisions.pop(0) if self.decisions else "answer"
+        result = gate_result(SCRIPTED_PROBS[decision], thresholds or Thresholds(0.5, 0.5))
+        return GateOutcome(result, prompt, len(prompt.gate), 0)
+
+    async def generate(self, prompt: Sequence[int], **kwargs: Any):
+        from gatehead.runtime.engine import Generation
+
+        await self._enter("generate", kwargs)
+        return Generation([1, 2], self.rewrite, [0.0, 0.0], "stop", 0)
+
+    async def stream(self, prompt: Sequence[int], **kwargs: Any) -> AsyncIterator[Any]:
+        from gatehead.runtime.engine import Generation
+
+        await self._enter("stream", kwargs)
+        words = self.answer.split(" ")
+        for n in range(1, len(words) + 1):
+            yield Generation(list(range(n)), " ".join(words[:n]), [0.0] * n, "stop" if n == len(words) else None,
+                             len(prompt) - 1)
+
+    def check_length(self, ids: Sequence[int], max_tokens: int) -> None:
+        from gatehead.errors import InvalidInput
+
+        if len(ids) + max_tokens > self.max_model_len:
+            raise InvalidInput(f"the prompt has {len(ids)} tokens; with max_tokens={max_tokens} it exceeds the "
+                               f"model's {self.max_model_len}-token context")
+
+    async def stats(self) -> dict[str, float]:
+        return {"running": 0, "waiting": 0}
+
+    def shutdown(self) -> None:
+        self.alive = False
+
+
+class ScriptedStore:
+    """A retriever of one fixed document; `fail` makes every search raise. `queries` records the searches."""
+
+    DOCUMENT = {"text": "The Vale Lantern has a 2-year warranty.", "title": "Vale Lantern", "source": "vale.md"}
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail, self.queries, self.closed = fail, [], False
+
+    def search(self, query: str, top_k: int = 3) -> list[dict]:
+        self.queries.append(query)
+        if self.fail:
+            raise ConnectionError("the store went away")
+        return [self.DOCUMENT][:top_k]
+
+    def ping(self) -> None:
+        if self.fail:
+            raise ConnectionError("the store went away")
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def cited(answer: str, sources: Sequence[str]) -> list[str]:
+    """The sources an answer's `[n]` markers point at (the prompt numbers its passages from 1, in order).
+
+    What a test of a trained model checks instead of the model's exact words: the fact, and where it
+    says the fact came from."""
+    return [sources[int(n) - 1] for n in re.findall(r"\[(\d+)\]", answer) if 0 < int(n) <= len(sources)]

@@ -19,6 +19,7 @@ from langgraph.runtime import Runtime
 from gatehead.agent.context import AgentContext, Engine
 from gatehead.agent.prompts import NOT_FOUND, REFUSAL
 from gatehead.agent.state import AgentState, Decision, as_passage, turns_of
+from gatehead.errors import InvalidInput
 from gatehead.gate.policy import Thresholds
 from gatehead.gate.prompt import Turn
 
@@ -90,7 +91,7 @@ async def begin(state: AgentState, runtime: Runtime[AgentContext]) -> dict:
     """Start a turn: its logs afresh, the thread's history kept."""
     question = state.get("question", "")
     if not isinstance(question, str) or not question.strip():
-        raise ValueError("the question is empty")
+        raise InvalidInput("the question is empty")
     return {"queries": None, "gates": None, "timings": None, "searches": 0, "decision": "", "answer": "",
             "finish_reason": "stop", "error": "", "passages": [], "dropped": {}, "standalone": question,
             "ask": question, "history": state.get("history") or []}

@@ -9,6 +9,7 @@ from dataclasses import replace
 from gatehead.agent.context import AgentContext, Engine, Retriever
 from gatehead.agent.graph import agent_context, build_graph
 from gatehead.agent.state import AgentConfig, AgentEvent, TurnResult, turns_of
+from gatehead.errors import InvalidInput
 from gatehead.gate.prompt import Turn
 
 
@@ -49,9 +50,9 @@ class Agent:
         `max_answer_tokens` overrides the config's answer budget for this turn. Neither is checkpointed.
         """
         if not isinstance(question, str) or not question.strip():
-            raise ValueError("the question is empty")
+            raise InvalidInput("the question is empty")
         if max_answer_tokens is not None and max_answer_tokens < 1:
-            raise ValueError(f"max_answer_tokens must be >= 1, got {max_answer_tokens}")
+            raise InvalidInput(f"max_answer_tokens must be >= 1, got {max_answer_tokens}")
         thread_id = thread_id or uuid.uuid4().hex
         context = self._context(cache_salt, max_answer_tokens)
         pending = await self.graph.aget_state(self._config(thread_id))

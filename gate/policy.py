@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from gatehead.errors import InvalidInput
+
 Decision = Literal["answer", "refuse", "search"]
 LABELS: tuple[Decision, ...] = ("answer", "refuse", "search")
 
@@ -28,13 +30,13 @@ class Thresholds:
         for name in ("answer", "refuse"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-                raise ValueError(f"threshold {name!r} must be a number in [0, 1], got {value!r}")
+                raise InvalidInput(f"threshold {name!r} must be a number in [0, 1], got {value!r}")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, float]) -> Thresholds:
         unknown = set(data) - {"answer", "refuse"}
         if unknown:
-            raise ValueError(f"unknown threshold(s) {sorted(unknown)}: only 'answer' and 'refuse' are set")
+            raise InvalidInput(f"unknown threshold(s) {sorted(unknown)}: only 'answer' and 'refuse' are set")
         return cls(**data)
 
     def to_dict(self) -> dict[str, float]:

@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from gatehead.errors import InvalidInput
+
 DEFAULT_SYSTEM = (
     "You are a helpful assistant. Answer the user's question using only the documents below, "
     "and cite them by number. If they do not contain the answer, say so."
@@ -121,10 +123,10 @@ class PromptBuilder:
     def build(self, question: str, passages: Sequence[Passage] = (), conversation: Sequence[Turn] = ()) -> Prompt:
         """Lay out P for `question` and return both prompts, within the context budget."""
         if not question.strip():
-            raise ValueError("the question is empty")
+            raise InvalidInput("the question is empty")
         for turn in conversation:
             if turn.role not in ("user", "assistant"):
-                raise ValueError(f"conversation roles are 'user' and 'assistant', got {turn.role!r}")
+                raise InvalidInput(f"conversation roles are 'user' and 'assistant', got {turn.role!r}")
         system_ids = encode_untrusted(self.tokenizer, self.config.system + "\n\nDocuments:")
         question_ids = encode_untrusted(self.tokenizer, question)
         turn_ids = [encode_untrusted(self.tokenizer, t.text) for t in conversation]
@@ -152,7 +154,7 @@ class PromptBuilder:
                 kept.remove(lowest)
                 dropped_passages.append(lowest)
             else:
-                raise ValueError(
+                raise InvalidInput(
                     f"the system prompt and question alone take {len(prefix)} tokens; with "
                     f"{self.config.answer_tokens} for the answer they exceed the {self.config.max_context}-token "
                     f"window: shorten the question or the system prompt, or lower answer_tokens")
@@ -170,10 +172,10 @@ class PromptBuilder:
     def chat(self, messages: Sequence[tuple[str, str]]) -> list[int]:
         """Token ids of a plain chat (no documents) ending with the assistant start; all text untrusted."""
         if not messages:
-            raise ValueError("the conversation is empty")
+            raise InvalidInput("the conversation is empty")
         for role, _ in messages:
             if role not in ("system", "user", "assistant"):
-                raise ValueError(f"message roles are 'system', 'user' and 'assistant', got {role!r}")
+                raise InvalidInput(f"message roles are 'system', 'user' and 'assistant', got {role!r}")
         prefix, start = self._render([(role, encode_untrusted(self.tokenizer, text)) for role, text in messages])
         return prefix + start
 

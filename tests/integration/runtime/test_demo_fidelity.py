@@ -34,7 +34,7 @@ def built(engine: SharedEngine, examples, kind: str) -> list[tuple[int, ...]]:
 
 def test_demo_stability_with_gates_in_the_batches(demo_stock, demo_shared, held_out, loop, record_figure) -> None:
     """The trained model's answers are bit-identical to stock vLLM's with gate requests in the same batches.
-    (Without gates, and in compile mode, the tiny model checks the same: tests/runtime/test_fidelity*.py.)"""
+    (Without gates, and in compile mode, the tiny model checks the same: test_fidelity*.py.)"""
     answers = built(demo_shared, held_out[:32], "answer")
     gates = built(demo_shared, held_out[32:64], "gate")
     result = loop.run(check_stability(demo_stock, demo_shared, answers, 64, gates))

@@ -1,4 +1,4 @@
-"""Run by tests/runtime/test_stock_plugins.py as a script, in vLLM's default multi-process layout.
+"""Run by tests/integration/runtime/test_stock_plugins.py as a script, in vLLM's default multi-process layout.
 
 Starts a stock engine, the dedicated gate engine and a shared engine one after another, and asks each
 engine-core process (the worker runs in it on CPU) which gatehead modules it imported and whether the

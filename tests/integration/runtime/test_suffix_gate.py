@@ -23,7 +23,7 @@ BLOCK = 32
 
 
 def engine_config(tiny: TinyModel, **overrides) -> EngineConfig:
-    """The runtime tests' engine shape (tests/runtime/conftest.py): bf16, 1k context, 32-token blocks."""
+    """The runtime tests' engine shape (tests/integration/runtime/conftest.py): bf16, 1k context, 32-token blocks."""
     return EngineConfig(**{**dict(model=tiny.model_dir, adapter=tiny.adapter_dir, kv_cache_memory_bytes=128 << 20,
                                   enforce_eager=True, block_size=BLOCK, max_model_len=1024), **overrides})
 

@@ -19,11 +19,15 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gatehead.agent.prompts import REFUSAL
+from gatehead.testing import cited
+
 GATEHEAD = str(Path(sys.executable).parent / "gatehead")
 KEY = "test-key-1"
 OTHER_KEY = "test-key-2"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 STRATA = "How much does the Strata Headlamp cost?"
+HEADLAMP = "products/strata-headlamp.md"
 # `gatehead serve` as deployed: vLLM's engine-core and worker processes (tests/conftest.py runs other
 # tests' engines with the worker inside the engine-core process).
 SERVE_ENV = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
@@ -162,11 +166,12 @@ def test_agent_chat_json_threads_are_per_key(server: Server) -> None:
     first = server.post("/v1/agent/chat", {"message": STRATA, "thread_id": "t-1"})
     assert first.status_code == 200, first.text
     body = first.json()
-    assert body["answer"] == "€64 [1]" and body["decision"] == "answer" and body["thread_id"] == "t-1"
-    assert body["sources"][0] == "products/strata-headlamp.md" and set(body["probabilities"]) == {
+    assert body["decision"] == "answer" and "64" in body["answer"] and body["thread_id"] == "t-1"
+    assert cited(body["answer"], body["sources"]) == [HEADLAMP] and set(body["probabilities"]) == {
         "answer", "refuse", "search"}
     follow = server.post("/v1/agent/chat", {"message": "And its warranty?", "thread_id": "t-1"}).json()
-    assert follow["queries"] == ["What is the warranty of the Strata Headlamp?"] and follow["answer"] == "2 years [1]"
+    [query] = follow["queries"]
+    assert "Strata Headlamp" in query and "2 years" in follow["answer"]  # "its" resolved from the thread
     # The same thread id under another key is another thread: it has no Strata Headlamp to refer back to.
     other = server.post("/v1/agent/chat", {"message": "And its warranty?", "thread_id": "t-1"},
                         headers={"Authorization": f"Bearer {OTHER_KEY}"}).json()
@@ -184,7 +189,8 @@ def test_agent_chat_streams_server_sent_events(server: Server) -> None:
     nodes = [data["node"] for kind, data in events if kind == "node"]
     assert nodes == ["begin", "retrieve", "gate", "rewrite", "retrieve", "gate", "generate", "finish"]
     final = events[-1][1]
-    assert "".join(d["text"] for k, d in events if k == "token").strip() == final["answer"] == "€64 [1]"
+    assert "".join(d["text"] for k, d in events if k == "token").strip() == final["answer"]
+    assert "64" in final["answer"] and cited(final["answer"], final["sources"]) == [HEADLAMP]
     assert [g["decision"] for g in final["gates"]] == ["search", "answer"]
 
 
@@ -194,17 +200,19 @@ def test_openai_client_agent_and_plain_models(server: Server) -> None:
     client = OpenAI(base_url=f"{server.url}/v1", api_key=KEY)
     assert {m.id for m in client.models.list()} == {"gatehead-agent", "gatehead-demo"}
     reply = client.chat.completions.create(model="gatehead-agent", messages=[{"role": "user", "content": STRATA}])
-    assert reply.choices[0].message.content == "€64 [1]" and reply.choices[0].finish_reason == "stop"
+    answer = reply.choices[0].message.content
+    assert "64" in answer and reply.choices[0].finish_reason == "stop"
+    assert cited(answer, reply.model_extra["gatehead"]["sources"]) == [HEADLAMP]
     assert reply.model_extra["gatehead"]["decision"] == "answer"
     # The conversation comes in the messages: the follow-up is made standalone from them.
     follow = client.chat.completions.create(model="gatehead-agent", messages=[
-        {"role": "user", "content": STRATA}, {"role": "assistant", "content": "€64 [1]"},
+        {"role": "user", "content": STRATA}, {"role": "assistant", "content": answer},
         {"role": "user", "content": "And its warranty?"}])
-    assert follow.choices[0].message.content == "2 years [1]"
+    assert "2 years" in follow.choices[0].message.content
     chunks = list(client.chat.completions.create(model="gatehead-agent", stream=True, messages=[
         {"role": "user", "content": "How much does the Mistral Tent cost?"}]))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert text == "I'm sorry, but the documents do not cover that."
+    assert text == REFUSAL
     assert chunks[-1].choices[0].finish_reason == "stop" and chunks[-1].model_extra["gatehead"]["decision"] == "refuse"
     plain = client.chat.completions.create(model="gatehead-demo", max_tokens=5,
                                            messages=[{"role": "user", "content": "Say hello."}])
@@ -218,8 +226,8 @@ def test_langchain_chat_openai_works_unchanged(server: Server) -> None:
     from langchain_openai import ChatOpenAI
 
     llm = ChatOpenAI(base_url=f"{server.url}/v1", api_key=KEY, model="gatehead-agent", temperature=0)
-    assert llm.invoke(STRATA).content == "€64 [1]"
-    assert "".join(chunk.content for chunk in llm.stream(STRATA)) == "€64 [1]"
+    answer = llm.invoke(STRATA).content
+    assert "64" in answer and "".join(chunk.content for chunk in llm.stream(STRATA)) == answer
 
 
 def engine_gauge(server: Server, name: str) -> float:
@@ -367,7 +375,8 @@ def test_openai_sampling_fields_are_honoured_or_refused(server: Server) -> None:
     hot = server.post("/v1/chat/completions", {**agent, "temperature": 0.7})
     assert hot.status_code == 400 and "temperature" in hot.json()["error"]["message"]
     short = server.post("/v1/chat/completions", {**agent, "max_tokens": 1}).json()["choices"][0]
-    assert short["finish_reason"] == "length" and short["message"]["content"] == "€"
+    whole = server.post("/v1/chat/completions", agent).json()["choices"][0]["message"]["content"]
+    assert short["finish_reason"] == "length" and whole.startswith(short["message"]["content"])  # one token of it
 
 
 def test_schema_fuzzing_finds_no_server_errors(server: Server, workdir: Path) -> None:
@@ -454,7 +463,7 @@ def test_load_is_shed_with_retry_after_and_deadlines_cancel_work(server: Server)
 
 
 CHROMIUM = "/usr/bin/chromium"  # Debian's package, installed by `make test`
-ARTIFACTS = Path(os.environ.get("GATEHEAD_ARTIFACTS", Path(__file__).resolve().parents[2] / "build" / "artifacts"))
+ARTIFACTS = Path(os.environ.get("GATEHEAD_ARTIFACTS", Path(__file__).resolve().parents[3] / "build" / "artifacts"))
 # Relative luminance contrast of an element's text on the first opaque background behind it (WCAG 2).
 CONTRAST = """(el) => {
   const rgb = (c) => c.match(/[\\d.]+/g).map(Number);
@@ -509,7 +518,7 @@ def test_chat_page_in_headless_chromium(server: Server) -> None:
             ask(page, STRATA)
             first = page.locator(".turn.assistant").nth(0)
             expect(first.locator(".badge")).to_have_text("answer", timeout=60_000)
-            expect(first.locator(".bubble")).to_have_text("€64 [1]")
+            expect(first.locator(".bubble")).to_contain_text("64")
             seen = page.evaluate("window.seen")
             assert ["badge", ""] in seen, seen
             before_badge = seen[:seen.index(["badge", ""])]
@@ -647,11 +656,10 @@ def two_replicas(url: str, tmp_path_factory) -> None:
     try:
         first = a.post("/v1/agent/chat", {"message": STRATA, "thread_id": "shared"}).json()
         follow = b.post("/v1/agent/chat", {"message": "And its warranty?", "thread_id": "shared"}).json()
-        assert first["answer"] == "€64 [1]"
-        assert follow["queries"] == ["What is the warranty of the Strata Headlamp?"]
-        assert follow["answer"] == "2 years [1]"
+        assert "64" in first["answer"]
+        assert "Strata Headlamp" in follow["queries"][0] and "2 years" in follow["answer"]  # A's turn, read on B
         history = a.client.get("/v1/agent/threads/shared", headers=AUTH).json()["turns"]
-        assert [m["text"] for m in history] == [STRATA, "€64 [1]", "And its warranty?", "2 years [1]"]
+        assert [m["text"] for m in history] == [STRATA, first["answer"], "And its warranty?", follow["answer"]]
 
         # A turn that searches: killed on A once its first gate is checkpointed (the rewrite after it has
         # run), retried on B.

@@ -126,7 +126,7 @@ def test_plugin_memory_is_itemised(shared_eager: SharedEngine, stock_eager: Shar
                                    tiny: TinyModel) -> None:
     """The plugin's allocations, item by item, each the size its formula gives. What they cost in KV
     capacity at one memory fraction, stock vs shared (the 1% rule), is measured by `gatehead eval kv`
-    (tests/evals), where each engine has a process of its own: these engines share the test process,
+    (tests/integration/evals), where each engine has a process of its own: these engines share the test process,
     whose RSS vLLM subtracts when it sizes KV by memory fraction."""
     memory = loop.run(shared_eager.plugin_memory())
     hidden = tiny.adapter.spec.base.hidden_size

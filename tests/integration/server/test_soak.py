@@ -39,7 +39,9 @@ class LiveServer:
         from gatehead.demo.index import COLLECTION, open_demo_store
         from gatehead.retrieval.config import StoreConfig
         from gatehead.runtime.canary import CanaryConfig
-        from gatehead.server.app import ServerConfig, create_app
+        from gatehead.runtime.engine import EngineConfig
+        from gatehead.server.app import create_app
+        from gatehead.server.config import ServerConfig
         from gatehead.server.serve import DrainingServer
 
         open_demo_store(workdir / "index", log=lambda _: None).close()
@@ -48,18 +50,18 @@ class LiveServer:
         # and preemption may restart them.
         shape = json.loads((MODEL_DIR / "config.json").read_text())
         token_bytes = shape["num_hidden_layers"] * 2 * shape["num_key_value_heads"] * shape["head_dim"] * 2
-        self.config = ServerConfig(model=MODEL_DIR, adapter=ADAPTER_DIR,
-                                   store=StoreConfig(path=workdir / "index", collection=COLLECTION),
-                                   api_keys=(KEY,), max_inflight=64, kv_cache_bytes=2176 * token_bytes,
-                                   max_model_len=2048, block_size=32, max_num_batched_tokens=256,
-                                   canary=CanaryConfig(interval=5.0))
+        engine = EngineConfig(model=MODEL_DIR, adapter=ADAPTER_DIR, enforce_eager=True,
+                              kv_cache_memory_bytes=2176 * token_bytes, max_model_len=2048, block_size=32,
+                              max_num_batched_tokens=256)
+        self.config = ServerConfig(engine=engine, store=StoreConfig(path=workdir / "index", collection=COLLECTION),
+                                   api_keys=(KEY,), max_inflight=64, canary=CanaryConfig(interval=5.0))
         self.app = create_app(self.config)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
         self.server = DrainingServer(uvicorn.Config(self.app, host="127.0.0.1", port=port, log_level="warning"),
-                                     self.app.state.runtime, 5.0)
+                                     self.app.state.services, 5.0)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 300
@@ -69,13 +71,13 @@ class LiveServer:
                     return
             except httpx.TransportError:
                 pass
-            assert not self.runtime.failed, self.runtime.failed
+            assert not self.services.failed, self.services.failed
             time.sleep(1)
         raise AssertionError("the server did not become ready")
 
     @property
-    def runtime(self):
-        return self.app.state.runtime
+    def services(self):
+        return self.app.state.services
 
     def on_loop(self, coroutine, timeout: float = 300):
         return asyncio.run_coroutine_threadsafe(coroutine, self.server.loop).result(timeout)
@@ -201,19 +203,19 @@ async def soak(url: str, pool: list[Request], seconds: float) -> Tally:
 
 
 def test_soak_compares_every_completed_request_with_it_alone(live: LiveServer, record_figure) -> None:
-    runtime = live.runtime
+    services = live.services
     pool = request_pool(live.config.base_name)
-    before = live.on_loop(runtime.engine.stats())
-    pressing = asyncio.run_coroutine_threadsafe(pressure(runtime.engine, SOAK_SECONDS), live.server.loop)
+    before = live.on_loop(services.engine.stats())
+    pressing = asyncio.run_coroutine_threadsafe(pressure(services.engine, SOAK_SECONDS), live.server.loop)
     tally = asyncio.run(soak(live.url, pool, SOAK_SECONDS))
     pressed = pressing.result(120)
     time.sleep(2)  # the last aborted requests leave the engine's queues
-    after = live.on_loop(runtime.engine.stats())
+    after = live.on_loop(services.engine.stats())
     record_figure("soak/load", f"the soak: {CLIENTS} clients for {SOAK_SECONDS:.0f} s",
                   {"soak_seconds": SOAK_SECONDS, "clients": CLIENTS, "outcomes": tally.outcomes,
                    "completed": len(tally.completed), "preemptions": after["preemptions"] - before["preemptions"],
-                   "pressure_generations": pressed, "canary_checks": runtime.canaries.state.checks,
-                   "canary_failed_checks": runtime.canaries.state.failed_checks})
+                   "pressure_generations": pressed, "canary_checks": services.canaries.state.checks,
+                   "canary_failed_checks": services.canaries.state.failed_checks})
 
     # Only the statuses the test caused: 200, 504 for requests given a deadline, and disconnects.
     for what, n in tally.outcomes.items():
@@ -226,11 +228,11 @@ def test_soak_compares_every_completed_request_with_it_alone(live: LiveServer, r
     # Nothing leaked, seen in a quiet moment between canary checks: no request unfinished in the engine or in
     # flight in the server, no gate rows kept, every KV block free (vLLM resets the prefix cache only then).
     def quiet() -> bool:
-        rows = live.on_loop(runtime.engine.stats())["branch_rows_kept"]
-        return runtime.engine.unfinished_requests == 0 and runtime.inflight == 0 and rows == 0 \
-            and live.on_loop(runtime.engine.reset_prefix_cache())
+        rows = live.on_loop(services.engine.stats())["branch_rows_kept"]
+        return services.engine.unfinished_requests == 0 and services.inflight == 0 and rows == 0 \
+            and live.on_loop(services.engine.reset_prefix_cache())
     assert eventually(quiet), "requests, gate rows or KV blocks still held after the soak"
-    assert runtime.canaries.state.checks >= 2 and runtime.canaries.state.failed_checks == 0
+    assert services.canaries.state.checks >= 2 and services.canaries.state.failed_checks == 0
 
     # Every completed request against the same request alone.
     alone = {}
@@ -271,7 +273,7 @@ def eventually(probe, seconds: float = 15) -> bool:
 
 def near_tie(live: LiveServer, req: Request, text: str) -> bool:
     """Whether `text` leaves the request's greedy continuation alone only where its lead was under NEAR_TIE."""
-    engine = live.runtime.engine
+    engine = live.services.engine
     prompt = engine.prompts.chat([(m["role"], m["content"]) for m in req.body["messages"]])
     ids, _, margins = live.on_loop(engine.greedy_margins(prompt, req.body["max_tokens"]))
     for step in range(len(ids)):
@@ -281,17 +283,17 @@ def near_tie(live: LiveServer, req: Request, text: str) -> bool:
 
 
 def test_readyz_turns_503_after_three_failed_canary_checks_and_back(live: LiveServer) -> None:
-    runtime = live.runtime
-    checks = runtime.canaries.state.checks
+    services = live.services
+    checks = services.canaries.state.checks
     assert httpx.get(f"{live.url}/readyz").json() == {"status": "ready"}
-    live.on_loop(runtime.engine.inject_fault("branch", -1.0))
+    live.on_loop(services.engine.inject_fault("branch", -1.0))
     try:
-        runtime.canaries.poke()
+        services.canaries.poke()
         deadline = time.monotonic() + 120
         while httpx.get(f"{live.url}/readyz").status_code == 200:
             assert time.monotonic() < deadline, "readyz never turned 503"
             time.sleep(0.2)
-        assert runtime.canaries.state.consecutive >= 3  # the engine test shows it is not before the third
+        assert services.canaries.state.consecutive >= 3  # the engine test shows it is not before the third
         body = httpx.get(f"{live.url}/readyz").json()
         assert body["status"] == "unready" and "gate-answerable" in body["canaries"]
         metrics = httpx.get(f"{live.url}/metrics", headers=AUTH).text
@@ -302,11 +304,11 @@ def test_readyz_turns_503_after_three_failed_canary_checks_and_back(live: LiveSe
         gate = httpx.post(f"{live.url}/v1/gate", json={"question": "How heavy is it?"}, headers=AUTH)
         assert gate.status_code == 200
     finally:
-        live.on_loop(runtime.engine.inject_fault("restore"))
-    runtime.canaries.poke()
+        live.on_loop(services.engine.inject_fault("restore"))
+    services.canaries.poke()
     deadline = time.monotonic() + 120
     while httpx.get(f"{live.url}/readyz").status_code != 200:
         assert time.monotonic() < deadline, "readyz did not recover after the fault was undone"
         time.sleep(0.2)
-    state = runtime.canaries.state
+    state = services.canaries.state
     assert state.consecutive == 0 and state.failed_checks >= 3 and state.checks > checks

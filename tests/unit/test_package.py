@@ -12,7 +12,7 @@ from pathlib import Path
 
 import gatehead
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SUBPACKAGES = ("agent", "demo", "evals", "gate", "retrieval", "runtime", "server")
 HEAVY = ("torch", "transformers", "peft", "vllm", "tokenizers", "safetensors")
 

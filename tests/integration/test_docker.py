@@ -21,7 +21,7 @@ import yaml
 
 from gatehead.cli import SERVE_ENVIRONMENT, build_parser
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
 BIN = Path(sys.executable).parent
 DOCKERFILES = ["Dockerfile.cpu", "Dockerfile.gpu"]

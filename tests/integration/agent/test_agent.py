@@ -21,11 +21,13 @@ from gatehead.demo.index import open_demo_store
 from gatehead.gate.policy import Thresholds
 from gatehead.retrieval.config import StoreConfig
 from gatehead.retrieval.store import Store
+from gatehead.testing import cited
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 STRATA = "How much does the Strata Headlamp cost?"
 BY_CODE = "What is the price of the GW-960?"  # the notice names the product; the rewrite finds its price
 GHOST = "How much does the Mistral Tent cost?"  # no such product
+HEADLAMP = "products/strata-headlamp.md"
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +55,10 @@ def nodes(result) -> list[str]:
 
 def test_answer_route_reuses_the_gate_prefill(agent, loop) -> None:
     result = loop.run(agent.ask(STRATA))
-    assert result.decision == "answer" and result.answer == "€64 [1]" and not result.error
+    assert result.decision == "answer" and "64" in result.answer and not result.error
+    assert cited(result.answer, result.sources) == [HEADLAMP]
     assert nodes(result) == ["retrieve", "gate", "generate", "finish"]
-    assert result.queries == [STRATA] and result.sources[0] == "products/strata-headlamp.md"
+    assert result.queries == [STRATA] and result.sources[0] == HEADLAMP
     [gate] = result.gates
     assert gate["decision"] == "answer" and math.isclose(sum(gate["probs"].values()), 1.0, abs_tol=1e-3)
     generate = result.timings[2]
@@ -82,10 +85,9 @@ def test_an_answer_cut_at_its_budget_says_length_and_the_salt_is_never_checkpoin
 def test_search_route_rewrites_then_answers(agent, loop) -> None:
     result = loop.run(agent.ask(BY_CODE))
     assert [g["decision"] for g in result.gates] == ["search", "answer"]
-    assert result.queries == [BY_CODE, "What is the price of the Strata Headlamp?"]
+    assert result.queries[0] == BY_CODE and "Strata Headlamp" in result.queries[1]  # the notice names it
     assert nodes(result) == ["retrieve", "gate", "rewrite", "retrieve", "gate", "generate", "finish"]
-    assert result.decision == "answer" and result.answer == "€64 [1]"
-    assert "products/strata-headlamp.md" in result.sources
+    assert result.decision == "answer" and "64" in result.answer and cited(result.answer, result.sources) == [HEADLAMP]
 
 
 def test_refuse_route_answers_without_generating(agent, loop) -> None:
@@ -121,9 +123,10 @@ def test_search_loop_is_bounded_and_ends_in_an_honest_refusal(demo_shared, store
 def test_follow_up_is_made_standalone_and_the_thread_persists(agent, loop) -> None:
     first = loop.run(agent.ask(STRATA, "follow-up"))
     second = loop.run(agent.ask("And its warranty?", "follow-up"))
-    assert second.standalone == "What is the warranty of the Strata Headlamp?"
+    assert "Strata Headlamp" in second.standalone and "warranty" in second.standalone  # "its", resolved
     assert second.queries == [second.standalone] and nodes(second)[0] == "contextualize"
-    assert second.decision == "answer" and second.answer == "2 years [1]"
+    assert second.decision == "answer" and "2 years" in second.answer
+    assert cited(second.answer, second.sources) == [HEADLAMP]
     history = loop.run(agent.history("follow-up"))
     assert [(t.role, t.text) for t in history] == [("user", STRATA), ("assistant", first.answer),
                                                    ("user", "And its warranty?"), ("assistant", second.answer)]
@@ -165,7 +168,7 @@ def test_stream_yields_node_events_and_answer_tokens(agent, loop) -> None:
     assert kinds[-1] == "final" and kinds.count("final") == 1
     assert [e.node for e in events if e.kind == "node"] == ["begin", "retrieve", "gate", "generate", "finish"]
     tokens = "".join(e.text for e in events if e.kind == "token")
-    assert tokens.strip() == events[-1].result.answer == "€64 [1]"
+    assert tokens.strip() == events[-1].result.answer and "64" in tokens
     assert kinds.index("token") < kinds.index("final")  # tokens arrive before the turn ends
     gate_event = next(e for e in events if e.node == "gate")
     assert gate_event.data["gates"][-1]["decision"] == "answer"
@@ -202,8 +205,7 @@ def test_threads_persist_in_postgres(demo_shared, store, loop, tmp_path) -> None
 
         first = loop.run(turn(STRATA))
         second = loop.run(turn("And its warranty?"))
-        assert first.answer == "€64 [1]"
-        assert second.standalone == "What is the warranty of the Strata Headlamp?" and second.answer == "2 years [1]"
+        assert "64" in first.answer and "Strata Headlamp" in second.standalone and "2 years" in second.answer
     finally:
         server.cleanup()
 

@@ -1,0 +1,271 @@
+"""The service's error paths and admission on the scripted engine: no vLLM, no Qdrant, in-process ASGI, seconds.
+
+The app is the real one (`create_app`); only its backends are scripted (`Services` takes an opener):
+`gatehead.testing.ScriptedEngine` and `ScriptedStore`, and LangGraph's in-memory checkpointer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+
+import httpx
+import pytest
+from langgraph.checkpoint.memory import InMemorySaver
+
+from gatehead.agent import Engine
+from gatehead.errors import InvalidInput
+from gatehead.runtime.canary import CanaryConfig
+from gatehead.runtime.engine import EngineConfig
+from gatehead.runtime.guard import GuardedEngine
+from gatehead.server.app import create_app
+from gatehead.server.config import ServerConfig
+from gatehead.server.services import Backends
+from gatehead.testing import ScriptedStore
+
+KEY, OTHER = "key-one", "key-two"
+GATE = {"question": "How long is the warranty?", "documents": ["The warranty lasts two years."]}
+
+
+def opener_of(engine, store=None, ready: asyncio.Event | None = None, fail: BaseException | None = None):
+    async def opener(config, stack):
+        if ready is not None:
+            await ready.wait()
+        if fail is not None:
+            raise fail
+        return Backends(engine, store or ScriptedStore(), InMemorySaver())
+    return opener
+
+
+@pytest.fixture
+def service(tiny):
+    """`async with service(engine, **settings) as (client, services)`: the app on scripted backends, ready;
+    then the engine's calls are cleared and its `fail` and `hold` set (the warm-up generation has run)."""
+    @contextlib.asynccontextmanager
+    async def start(engine, opener=None, wait=True, fail=None, hold=None, **settings):
+        config = ServerConfig(engine=EngineConfig(model=tiny.model_dir, adapter=tiny.adapter_dir),
+                              api_keys=(KEY, OTHER), canary=CanaryConfig(enabled=False), **settings)
+        app = create_app(config, opener or opener_of(engine))
+        async with app.router.lifespan_context(app):
+            # raise_app_exceptions=False: Starlette re-raises a 500's exception after replying, as it does
+            # under uvicorn; the client sees the reply.
+            transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+            async with httpx.AsyncClient(transport=transport, base_url="http://gatehead",
+                                         headers={"Authorization": f"Bearer {KEY}"}) as client:
+                services = app.state.services
+                while wait and not (services.ready or services.failed):
+                    await asyncio.sleep(0.01)
+                engine.calls.clear()
+                engine.fail, engine.hold = fail, hold
+                yield client, services
+    return start
+
+
+def run(coroutine):
+    return asyncio.run(coroutine)
+
+
+def sse(body: str) -> list[tuple[str, dict]]:
+    """(event, data) of every event in an SSE body; `data:` chunks without a name are ("data", ...)."""
+    events = []
+    for block in body.strip().split("\n\n"):
+        name = re.search(r"^event: (.*)$", block, re.M)
+        data = re.search(r"^data: (.*)$", block, re.M).group(1)
+        events.append((name.group(1) if name else "data", json.loads(data) if data != "[DONE]" else data))
+    return events
+
+
+def test_the_guarded_engine_is_an_engine_and_nothing_more(engine) -> None:
+    members = {n for n in Engine.__annotations__} | {n for n in vars(Engine) if not n.startswith("_")}
+    guarded = GuardedEngine(engine())
+    assert all(hasattr(guarded, name) for name in members)
+    assert not hasattr(guarded, "check_length") and "__getattr__" not in vars(GuardedEngine)
+
+
+def test_an_unexpected_failure_is_a_500_with_the_request_id_the_log_files_it_under(service, engine,
+                                                                                   caplog) -> None:
+    async def go():
+        async with service(engine(), fail=ValueError("an internal bug, not the client's")) as (client, _):
+            reply = await client.post("/v1/gate", json=GATE)
+            metrics = (await client.get("/metrics")).text
+        return reply, metrics
+
+    with caplog.at_level(logging.ERROR, "gatehead.server"):
+        reply, metrics = run(go())
+    rid = reply.headers["x-request-id"]
+    assert reply.status_code == 500 and reply.json()["error"]["type"] == "server_error"
+    assert rid in reply.json()["error"]["message"] and "internal bug" not in reply.json()["error"]["message"]
+    logged = [r for r in caplog.records if rid in r.getMessage()]
+    assert logged and "an internal bug" in str(logged[0].exc_info[1])
+    assert 'gatehead_requests_total{route="/v1/gate",status="500"} 1.0' in metrics
+
+
+def test_only_a_typed_input_error_is_a_400(service, engine) -> None:
+    async def go():
+        async with service(engine(), fail=InvalidInput("the engine refuses this prompt")) as (client, _):
+            refused = await client.post("/v1/gate", json=GATE)
+            blank = await client.post("/v1/gate", json={**GATE, "question": "   "})
+            thresholds = await client.post("/v1/gate", json={**GATE, "thresholds": {"answer": 2}})
+            unknown = await client.post("/v1/gate", json={"items": [GATE, {**GATE, "thresholds": {"x": 0.5}}]})
+            long = await client.post("/v1/chat/completions", json={"model": "model", "max_tokens": 5000,
+                                                                  "messages": [{"role": "user", "content": "hi"}]})
+            timeout = await client.post("/v1/gate", json=GATE, headers={"X-Gatehead-Timeout": "soon"})
+        return refused, blank, thresholds, unknown, long, timeout
+
+    refused, blank, thresholds, unknown, long, timeout = run(go())
+    for reply, said in ((refused, "the engine refuses"), (blank, "the question is empty"), (thresholds, "[0, 1]"),
+                        (unknown, "unknown threshold"), (long, "1024-token context"), (timeout, "X-Gatehead-Timeout")):
+        assert reply.status_code == 400, (said, reply.text)
+        assert said in reply.json()["error"]["message"] and reply.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_keys_are_checked_and_threads_are_the_tenants_own(service, engine) -> None:
+    async def go():
+        scripted = engine()
+        async with service(scripted) as (client, _):
+            nobody = await client.post("/v1/gate", json=GATE, headers={"Authorization": ""})
+            wrong = await client.post("/v1/gate", json=GATE, headers={"Authorization": "Bearer nope"})
+            probe = await client.get("/livez", headers={"Authorization": ""})
+            turn = await client.post("/v1/agent/chat", json={"message": "How long is the warranty?",
+                                                             "thread_id": "t1"})
+            mine = await client.get("/v1/agent/threads/t1")
+            theirs = await client.get("/v1/agent/threads/t1", headers={"Authorization": f"Bearer {OTHER}"})
+            await client.post("/v1/gate", json=GATE, headers={"Authorization": f"Bearer {OTHER}"})
+        return scripted, nobody, wrong, probe, turn, mine, theirs
+
+    scripted, nobody, wrong, probe, turn, mine, theirs = run(go())
+    assert nobody.status_code == wrong.status_code == 401 and wrong.headers["www-authenticate"] == "Bearer"
+    assert probe.status_code == 200
+    assert turn.status_code == 200 and turn.json()["decision"] == "answer" and turn.json()["sources"] == ["vale.md"]
+    assert mine.status_code == 200 and [t["role"] for t in mine.json()["turns"]] == ["user", "assistant"]
+    assert theirs.status_code == 404
+    salts = [kw["cache_salt"] for _, kw in scripted.calls]
+    assert None not in salts and len(set(salts)) == 2  # one prefix-cache salt per key
+
+
+def test_bodies_over_the_limit_are_413_declared_or_not(service, engine) -> None:
+    async def chunks():
+        for _ in range(10):
+            yield b" " * 100
+
+    async def go():
+        async with service(engine(), max_body_bytes=500) as (client, _):
+            declared = await client.post("/v1/gate", content=b"{" + b" " * 600 + b"}",
+                                         headers={"Content-Type": "application/json"})
+            streamed = await client.post("/v1/gate", content=chunks(), headers={"Content-Type": "application/json"})
+        return declared, streamed
+
+    for reply in run(go()):
+        assert reply.status_code == 413 and "500-byte limit" in reply.json()["error"]["message"]
+
+
+def test_requests_past_the_inflight_bound_are_shed_before_any_work(service, engine) -> None:
+    async def go():
+        hold, scripted = asyncio.Event(), engine()
+        async with service(scripted, hold=hold, max_inflight=1) as (client, _):
+            first = asyncio.create_task(client.post("/v1/gate", json=GATE))
+            while not scripted.calls:
+                await asyncio.sleep(0.01)
+            shed = await client.post("/v1/gate", json=GATE)
+            calls = len(scripted.calls)
+            hold.set()
+            return await first, shed, calls, (await client.get("/metrics")).text
+
+    first, shed, calls, metrics = run(go())
+    assert first.status_code == 200 and calls == 1
+    assert shed.status_code == 503 and shed.headers["retry-after"] == "1"
+    assert shed.json()["error"]["type"] == "overloaded" and "gatehead_shed_requests_total 1.0" in metrics
+
+
+def test_a_deadline_cancels_the_engine_work(service, engine) -> None:
+    async def go():
+        scripted = engine()
+        async with service(scripted, hold=asyncio.Event(), request_timeout=30.0) as (client, _):  # never set
+            reply = await client.post("/v1/gate", json=GATE, headers={"X-Gatehead-Timeout": "0.2"})
+            stream = await client.post("/v1/agent/chat", json={"message": "How long?", "stream": True},
+                                       headers={"X-Gatehead-Timeout": "0.2"})
+            metrics = (await client.get("/metrics")).text
+        return scripted, reply, stream, metrics
+
+    scripted, reply, stream, metrics = run(go())
+    assert reply.status_code == 504 and reply.json()["error"]["type"] == "timeout"
+    assert sse(stream.text)[-1] == ("error", {"message": "the request ran past its deadline; its work was cancelled",
+                                              "code": 504})
+    assert scripted.cancelled == 2 and "gatehead_deadline_exceeded_total 2.0" in metrics
+
+
+def test_a_second_turn_on_a_busy_thread_is_a_409(service, engine) -> None:
+    async def go():
+        hold, scripted = asyncio.Event(), engine()
+        async with service(scripted, hold=hold) as (client, _):
+            body = {"message": "How long is the warranty?", "thread_id": "busy"}
+            first = asyncio.create_task(client.post("/v1/agent/chat", json=body))
+            while not scripted.calls:
+                await asyncio.sleep(0.01)
+            second = await client.post("/v1/agent/chat", json=body)
+            streamed = await client.post("/v1/agent/chat", json={**body, "stream": True})
+            hold.set()
+            return await first, second, streamed
+
+    first, second, streamed = run(go())
+    assert first.status_code == 200
+    assert second.status_code == 409 and second.json()["error"]["type"] == "conflict"
+    assert sse(streamed.text)[-1][0] == "error" and sse(streamed.text)[-1][1]["code"] == 409
+
+
+def test_until_started_the_api_is_503_and_a_failed_start_says_so(service, engine) -> None:
+    async def go():
+        ready, scripted = asyncio.Event(), engine()
+        async with service(scripted, opener=opener_of(scripted, ready=ready), wait=False) as (client, _):
+            starting = [await client.get("/readyz"), await client.post("/v1/gate", json=GATE)]
+            ready.set()
+        scripted = engine()
+        async with service(scripted, opener=opener_of(scripted, fail=RuntimeError("no engine"))) as (client, _):
+            failed = [await client.get("/livez"), await client.get("/readyz"), await client.post("/v1/gate", json=GATE)]
+        return starting, failed
+
+    starting, failed = run(go())
+    assert [r.status_code for r in starting + failed] == [503] * 5
+    assert starting[0].json() == {"status": "starting"} and starting[1].headers["retry-after"] == "5"
+    assert "starting" in starting[1].json()["error"]["message"]
+    assert failed[0].json() == {"status": "failed"} == failed[1].json()  # the reason is in the log only
+    assert "failed to start" in failed[2].json()["error"]["message"]
+
+
+def test_a_failure_inside_a_stream_ends_it_with_one_error_event(service, engine) -> None:
+    async def go():
+        async with service(engine(), fail=RuntimeError("boom")) as (client, _):
+            agent = await client.post("/v1/agent/chat", json={"message": "How long?", "stream": True})
+            plain = await client.post("/v1/chat/completions", json={
+                "model": "model", "stream": True, "messages": [{"role": "user", "content": "hi"}]})
+        return agent, plain
+
+    agent, plain = run(go())
+    kind, data = sse(agent.text)[-1]
+    assert agent.status_code == 200 and kind == "error" and data["code"] == 500
+    rid = agent.headers["x-request-id"]
+    assert rid in data["message"] and "boom" not in data["message"]
+    events = sse(plain.text)
+    assert events[0][1]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert events[-1][1]["error"]["type"] == "server_error" and events[-1][1]["error"]["code"] == 500
+
+
+def test_the_openai_api_refuses_what_it_does_not_implement(service, engine) -> None:
+    def ask(**fields):
+        return {"model": "gatehead-agent", "messages": [{"role": "user", "content": "How long?"}], **fields}
+
+    async def go():
+        async with service(engine()) as (client, _):
+            return [await client.post("/v1/chat/completions", json=body) for body in (
+                ask(tools=[{"type": "function"}]), ask(model="gpt-4"), ask(temperature=0.7),
+                ask(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), ask(max_tokens=10_000), ask())]
+
+    tools, model, hot, image, budget, fine = run(go())
+    assert (tools.status_code, model.status_code, hot.status_code, image.status_code, budget.status_code) == \
+        (400, 404, 400, 400, 400)
+    assert "tools" in tools.json()["error"]["message"] and "temperature" in hot.json()["error"]["message"]
+    assert fine.status_code == 200 and fine.json()["gatehead"]["decision"] == "answer"
+    assert fine.json()["choices"][0]["message"]["content"] == "The warranty lasts two years [1]."
