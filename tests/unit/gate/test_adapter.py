@@ -91,15 +91,14 @@ def test_base_shape_mismatch_names_the_field(copy_of, tiny: TinyModel, field: st
         load_gate_adapter(adapter_dir, tiny.model_dir)
 
 
-def test_lora_declared_below_branch_layer_is_rejected(copy_of, tiny: TinyModel) -> None:
-    adapter_dir = copy_of(edit_json("adapter_config.json", lambda d: d.__setitem__("layers_to_transform", [1, 2, 3])))
-    with pytest.raises(AdapterError, match=r"touches layers \[1, 2, 3\], outside \[2, 5\]"):
-        load_gate_adapter(adapter_dir, tiny.model_dir)
-
-
-def test_lora_on_all_layers_is_rejected(copy_of, tiny: TinyModel) -> None:
-    adapter_dir = copy_of(edit_json("adapter_config.json", lambda d: d.__setitem__("layers_to_transform", None)))
-    with pytest.raises(AdapterError, match="touches every layer; restrict it"):
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("layers_to_transform", [1, 2, 3], r"touches layers \[1, 2, 3\], outside \[2, 5\]"),  # below the branch layer
+    ("layers_to_transform", None, "touches every layer; restrict it"),
+    ("use_dora", True, "use_dora set; the gate branch runs plain LoRA"),
+])
+def test_lora_the_branch_cannot_run_is_rejected(copy_of, tiny: TinyModel, key: str, value, message: str) -> None:
+    adapter_dir = copy_of(edit_json("adapter_config.json", lambda d: d.__setitem__(key, value)))
+    with pytest.raises(AdapterError, match=message):
         load_gate_adapter(adapter_dir, tiny.model_dir)
 
 
@@ -179,12 +178,6 @@ def test_action_tokens_must_be_reserved(copy_of, tiny: TinyModel) -> None:
 def test_missing_file_is_named(copy_of, tiny: TinyModel, missing: str) -> None:
     adapter_dir = copy_of(lambda d: (d / missing).unlink())
     with pytest.raises(AdapterError, match=f"has no {missing}"):
-        load_gate_adapter(adapter_dir, tiny.model_dir)
-
-
-def test_dora_is_rejected(copy_of, tiny: TinyModel) -> None:
-    adapter_dir = copy_of(edit_json("adapter_config.json", lambda d: d.__setitem__("use_dora", True)))
-    with pytest.raises(AdapterError, match="use_dora set; the gate branch runs plain LoRA"):
         load_gate_adapter(adapter_dir, tiny.model_dir)
 
 
