@@ -479,7 +479,7 @@ def main(args) -> int:
 
 
 def _machine() -> dict:
-    from gatehead.cli import cpu_bf16_path
+    from gatehead.cli.info import cpu_bf16_path
 
     return {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
             "python": platform.python_version(), "bf16": cpu_bf16_path()}

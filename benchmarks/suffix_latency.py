@@ -66,7 +66,7 @@ def measure(adapter: Path, tokens: int, runs: int) -> dict:
 
 
 def main() -> None:
-    from gatehead.cli import cpu_bf16_path
+    from gatehead.cli.info import cpu_bf16_path
     from gatehead.demo import ADAPTER_DIR, DEMO_DIR, MODEL_DIR, SUFFIX_ADAPTER_DIR
     from gatehead.evals.run import _commit, _versions, machine
 

@@ -8,7 +8,6 @@ setting in them is one that command reads, and the installed package carries the
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import subprocess
@@ -19,7 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gatehead.cli import SERVE_ENVIRONMENT, build_parser
+from gatehead.cli import build_parser
+from gatehead.cli.settings import SERVE_VARIABLES
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
@@ -51,14 +51,8 @@ def test_compose_file_matches_the_compose_spec_and_a_typo_fails(tmp_path: Path) 
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def serve_variables() -> set[str]:
-    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    names = {SERVE_ENVIRONMENT + a.dest.upper() for a in commands.choices["serve"]._actions if a.option_strings}
-    return names | {"GATEHEAD_API_KEYS", "GATEHEAD_MODEL", "GATEHEAD_ADAPTER"}
-
-
 def test_images_run_gatehead_serve_configured_by_variables_it_reads() -> None:
-    known = serve_variables()
+    known = SERVE_VARIABLES
     for name in DOCKERFILES:
         lines = [line.strip() for line in (DOCKER / name).read_text().splitlines()]
         assert 'ENTRYPOINT ["gatehead", "serve"]' in lines, name

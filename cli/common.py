@@ -1,0 +1,80 @@
+"""What the commands share: where models are found, the engine and store the flags name, argument groups."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from gatehead import demo
+from gatehead.cli.settings import AGENT, MODEL, add_settings
+from gatehead.retrieval.config import StoreConfig
+
+
+def model_locations() -> dict[str, object]:
+    """Where gatehead looks for the base model and gate adapter, in order of precedence."""
+    hf_home = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
+    return {
+        "model": os.environ.get("GATEHEAD_MODEL") or str(demo.MODEL_DIR),
+        "adapter": os.environ.get("GATEHEAD_ADAPTER") or str(demo.ADAPTER_DIR),
+        "from_env": {name: os.environ.get(name) for name in ("GATEHEAD_MODEL", "GATEHEAD_ADAPTER")},
+        "demo_model_present": (demo.MODEL_DIR / "config.json").exists(),
+        "hf_cache": str(hf_home / "hub"),
+        "hf_hub_offline": os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False"),
+    }
+
+
+def thresholds(args: argparse.Namespace):
+    from gatehead.gate.policy import Thresholds
+
+    given = {k: v for k, v in (("answer", args.t_answer), ("refuse", args.t_refuse)) if v is not None}
+    return Thresholds.from_dict(given) if given else None
+
+
+def start_engine(args: argparse.Namespace, gate: bool = True):
+    """A shared engine on the chosen (or default) model and adapter, eager, with a small KV pool."""
+    from gatehead.runtime.engine import EngineConfig, SharedEngine
+
+    locations = model_locations()
+    return SharedEngine(EngineConfig(model=args.model or locations["model"],
+                                     adapter=(args.adapter or locations["adapter"]) if gate else None,
+                                     enforce_eager=not args.compile, kv_cache_memory_bytes=args.kv_mb << 20,
+                                     max_model_len=args.max_model_len))
+
+
+def store_config(args: argparse.Namespace) -> StoreConfig | None:
+    """The store the agent commands use; None for the demo index (built on first use)."""
+    if args.url and args.store:  # possible through the environment (GATEHEAD_URL and GATEHEAD_STORE)
+        raise ValueError("give a store directory or a Qdrant URL, not both")
+    if args.url:
+        return StoreConfig(url=args.url, api_key=os.environ.get("QDRANT_API_KEY"),
+                           collection=args.collection or StoreConfig.collection)
+    if args.store:
+        return StoreConfig(path=args.store, collection=args.collection or StoreConfig.collection)
+    return None
+
+
+def agent_store(args: argparse.Namespace) -> tuple[StoreConfig, tuple[Path, ...]]:
+    """(the store the agent reads, what to ingest into it first): the one the flags name, or the demo index
+    with the demo corpus."""
+    given = store_config(args)
+    if given is not None:
+        return given, ()
+    from gatehead.demo.index import CORPUS, demo_store_config
+
+    return demo_store_config(), (CORPUS,)
+
+
+def base_model_name(model: str | Path) -> str | None:
+    """The plain-generation model's id: `gatehead-demo` for the demo model, else the directory's name."""
+    from gatehead.demo import MODEL_DIR
+
+    return "gatehead-demo" if Path(model).resolve() == MODEL_DIR.resolve() else None
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    add_settings(p, MODEL)
+
+
+def add_agent_arguments(p: argparse.ArgumentParser) -> None:
+    add_settings(p, MODEL + AGENT)

@@ -1,0 +1,116 @@
+"""The engine's own commands: `gate`, `generate`, `export-dedicated`, and `build-tiny` (a tiny random model)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from gatehead.cli.common import add_model_arguments, model_locations, start_engine, thresholds
+
+
+def _gate(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from gatehead.gate.prompt import Passage
+
+    passages = [Passage(text=d) for d in args.doc]
+    chosen = thresholds(args)
+    if args.engine == "hf":
+        from gatehead.gate.reference import HFReference
+
+        locations = model_locations()
+        reference = HFReference(args.model or locations["model"], args.adapter or locations["adapter"], args.dtype)
+        result = reference.gate(args.question, passages, thresholds=chosen)
+    else:
+        engine = start_engine(args)
+        try:
+            result = asyncio.run(engine.gate(args.question, passages, thresholds=chosen)).result
+        finally:
+            engine.shutdown()
+    print(json.dumps({"decision": result.decision, "probs": result.probs,
+                      "thresholds": result.thresholds.to_dict()}, indent=2))
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    import asyncio
+
+    engine = start_engine(args, gate=not args.no_gate)
+    try:
+        if args.raw:
+            prompts = list(args.prompt)
+        else:  # a user turn in the model's own chat template, special-token parsing off for the text
+            from gatehead.gate.prompt import encode_untrusted
+
+            prompts = []
+            for text in args.prompt:
+                chat = [{"role": "user", "content": "\x00"}]
+                markup = engine.tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+                head, tail = markup.split("\x00")
+                encode = engine.tokenizer.encode
+                prompts.append(encode(head, add_special_tokens=False) + encode_untrusted(engine.tokenizer, text)
+                               + encode(tail, add_special_tokens=False))
+        outputs = asyncio.run(engine.generate_many(prompts, max_tokens=args.max_tokens, temperature=args.temperature))
+    finally:
+        engine.shutdown()
+    for output in outputs:
+        print(json.dumps({"text": output.text, "tokens": len(output.token_ids), "finish_reason": output.finish_reason})
+              if args.json else output.text)
+    return 0
+
+
+def _export_dedicated(args: argparse.Namespace) -> int:
+    from gatehead.runtime.dedicated import export_dedicated
+
+    locations = model_locations()
+    out = export_dedicated(args.model or locations["model"], args.adapter or locations["adapter"], args.out,
+                           dtype=args.dtype)
+    print(f"wrote {out}: serve it with stock vLLM, LLM(model=..., runner='pooling').classify(...)")
+    return 0
+
+
+def _build_tiny(args: argparse.Namespace) -> int:
+    from gatehead.testing import TinySpec, build_tiny
+
+    tiny = build_tiny(args.out, TinySpec(arch=args.arch, num_layers=args.layers, seed=args.seed))
+    print(f"model:   {tiny.model_dir}\nadapter: {tiny.adapter_dir}")
+    return 0
+
+
+def add_parsers(commands) -> None:
+    p = commands.add_parser("gate", help="gate one question over documents (shared vLLM engine, or the HF reference)")
+    p.add_argument("--question", required=True)
+    p.add_argument("--doc", action="append", default=[], help="a document's text (repeatable)")
+    add_model_arguments(p)
+    p.add_argument("--engine", choices=["vllm", "hf"], default="vllm",
+                   help="vllm: gatehead's shared engine (default); hf: the transformers reference")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="the HF reference's dtype")
+    p.add_argument("--t-answer", type=float, help="answer threshold (default: the adapter's)")
+    p.add_argument("--t-refuse", type=float, help="refuse threshold (default: the adapter's)")
+    p.set_defaults(func=_gate)
+
+    p = commands.add_parser("generate", help="generate completions on the shared engine")
+    p.add_argument("prompt", nargs="+", help="prompts, sent together (each a user turn unless --raw)")
+    add_model_arguments(p)
+    p.add_argument("--no-gate", action="store_true", help="start stock vLLM on the base model (no adapter)")
+    p.add_argument("--raw", action="store_true", help="send each prompt as is (chat markup in it is parsed)")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--json", action="store_true", help="one JSON object per completion")
+    p.set_defaults(func=_generate)
+
+    p = commands.add_parser("export-dedicated", help="merge the gate into an HF classifier for stock vLLM")
+    p.add_argument("out", type=Path)
+    p.add_argument("--model", help="base model directory (default: GATEHEAD_MODEL, else the demo model)")
+    p.add_argument("--adapter", help="gate adapter directory (default: GATEHEAD_ADAPTER, else the demo's)")
+    p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    p.set_defaults(func=_export_dedicated)
+
+    p = commands.add_parser("build-tiny", help="build a tiny random model and gate adapter (tests, benchmarks)")
+    p.add_argument("out", type=Path)
+    p.add_argument("--arch", default="qwen3", help="qwen3, qwen2 or llama")
+    p.add_argument("--layers", type=int, default=6)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_build_tiny)
+

@@ -1,0 +1,166 @@
+"""Measuring: `eval` (judged by evals/RULES.md), `bench` (the gate beside its peers) and `figures`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from gatehead.cli.common import add_model_arguments, model_locations, store_config
+
+
+def _eval_arguments(p: argparse.ArgumentParser, memory_fraction: float | None = None) -> None:
+    add_model_arguments(p)
+    p.add_argument("--memory-fraction", type=float, default=memory_fraction,
+                   help="size the KV cache by this memory fraction instead of --kv-mb")
+    p.add_argument("--block-size", type=int, help="KV block size (a multiple of 32 on CPU)")
+    p.add_argument("--out", type=Path, help="output folder (default: eval-runs/<eval>-<time>)")
+    p.add_argument("--ledger", type=Path, help="the ledger to append to (default: eval-runs/ledger.jsonl)")
+
+
+def _figures(args: argparse.Namespace) -> int:
+    from gatehead.figures import main as figures
+
+    return figures(args)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from gatehead.benchmarks.side_by_side import main as bench
+
+    if (args.model in ("demo", "random")) == bool(args.adapter):
+        raise ValueError("--adapter goes with --model PATH, and only with it")
+    if args.suffix_adapter and args.model in ("demo", "random"):
+        raise ValueError("--suffix-adapter goes with --model PATH (demo and random bring their own)")
+    for name in ("questions", "threads", "answer_tokens", "prefix_repeats", "runs"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+    if any(c < 1 for c in args.concurrency):
+        raise ValueError("--concurrency values must be >= 1")
+    if not 0.0 < args.memory_fraction < 1.0:
+        raise ValueError("--memory-fraction must be in (0, 1)")
+    return bench(args)
+
+
+def _eval(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from gatehead.evals.run import run_eval
+    from gatehead.runtime.engine import EngineConfig
+
+    if args.eval == "convert-squad":
+        from gatehead.evals.squad import convert_squad
+
+        corpus, questions = convert_squad(args.squad, args.out, args.fixed_documents, args.limit)
+        print(f"wrote {corpus} and {questions}")
+        return 0
+    locations = model_locations()
+    config = EngineConfig(model=args.model or locations["model"], adapter=args.adapter or locations["adapter"],
+                          enforce_eager=not args.compile, max_model_len=args.max_model_len,
+                          kv_cache_memory_bytes=None if args.memory_fraction else args.kv_mb << 20,
+                          memory_fraction=args.memory_fraction or EngineConfig.memory_fraction,
+                          block_size=args.block_size)
+    settings = {k: str(v) for k, v in asdict(config).items() if k != "extra"}
+    settings.update({k: v for k, v in vars(args).items() if k not in ("func", "command") and not callable(v)
+                     and k not in settings})
+    if args.eval == "stability":
+        from gatehead.evals.stability import run_stability
+
+        variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+        return run_eval("stability", settings, lambda out: run_stability(config, args.n, args.max_tokens, variants,
+                                                                         out), args.out, args.ledger)
+    if args.eval == "agreement":
+        from gatehead.evals.agreement import run_agreement
+
+        return run_eval("agreement", settings, lambda out: run_agreement(config, args.m, out), args.out, args.ledger)
+    if args.eval == "kv":
+        from gatehead.evals.kv import run_kv
+
+        return run_eval("kv", settings, lambda out: run_kv(config, out), args.out, args.ledger)
+    from gatehead import demo
+    from gatehead.evals.dataset import run_dataset
+
+    questions, corpus = args.questions, args.corpus
+    if args.demo:
+        questions, corpus = questions or demo.DEMO_DIR / "data" / "test.jsonl", corpus or demo.DEMO_DIR / "corpus"
+    if questions is None:
+        raise ValueError("give --questions (or --demo for the demo test split)")
+    store = store_config(args) if (args.store or args.url) else None
+    return run_eval("dataset", settings, lambda out: run_dataset(
+        config, questions, corpus, out, store, args.gate_only, args.top_k, args.limit, args.concurrency,
+        min_accuracy=args.min_accuracy), args.out, args.ledger)
+
+
+def add_parsers(commands) -> None:
+    p = commands.add_parser("eval", help="evals judged by evals/RULES.md: stability, agreement, kv, dataset")
+    evals = p.add_subparsers(dest="eval", required=True, metavar="EVAL")
+    e = evals.add_parser("stability", help="answer stability of the shared engine vs stock vLLM")
+    e.add_argument("-n", type=int, default=64, help="generation requests (default 64)")
+    e.add_argument("--max-tokens", type=int, default=128)
+    e.add_argument("--variants", default="plain,mixed,tap-only,no-tap", help="comma-separated variants")
+    _eval_arguments(e)
+    e = evals.add_parser("agreement", help="gate agreement: shared vs dedicated engine and the HF references")
+    e.add_argument("-m", type=int, default=256, help="gate requests (default 256)")
+    _eval_arguments(e)
+    e = evals.add_parser("kv", help="KV capacity stock vs shared at one memory fraction; plugin and weights memory")
+    _eval_arguments(e, memory_fraction=0.1)
+    e = evals.add_parser("dataset", help="offline run over a labelled question set (gate or whole agent)")
+    e.add_argument("--questions", type=Path, help="questions JSONL (see evals/dataset.py)")
+    e.add_argument("--corpus", type=Path, help="a folder or JSONL file of documents, ingested into a fresh store")
+    e.add_argument("--demo", action="store_true", help="the demo test split (demo/data/test.jsonl, its corpus)")
+    where = e.add_mutually_exclusive_group()
+    where.add_argument("--store", metavar="DIR", help="an existing embedded store instead of ingesting")
+    where.add_argument("--url", help="an existing Qdrant server instead (API key from QDRANT_API_KEY)")
+    e.add_argument("--collection", help="collection in --store or --url")
+    e.add_argument("--gate-only", action="store_true", help="run the gate alone, not the agent")
+    e.add_argument("--top-k", type=int, default=3)
+    e.add_argument("--limit", type=int, help="the first N questions only")
+    e.add_argument("--concurrency", type=int, default=8, help="questions in flight")
+    e.add_argument("--min-accuracy", type=float, help="fail below this gate accuracy")
+    _eval_arguments(e)
+    e = evals.add_parser("convert-squad", help="SQuAD 2.0-style JSON -> corpus.jsonl + questions.jsonl")
+    e.add_argument("squad", type=Path)
+    e.add_argument("out", type=Path)
+    e.add_argument("--fixed-documents", action="store_true", help="each question keeps its own context")
+    e.add_argument("--limit", type=int)
+    p.set_defaults(func=_eval)
+
+    p = commands.add_parser("bench", help="side-by-side benchmarks: the shared engine's gates against their peers",
+                            description="Runs benchmarks/side_by_side.py (its docstring says what is measured).")
+    p.add_argument("--model", default="demo", help="demo | random (a 0.36 B random Qwen3, built on first use) "
+                   "| a model folder (with --adapter)")
+    p.add_argument("--adapter", help="the prompt-mode gate adapter of --model PATH")
+    p.add_argument("--suffix-adapter", help="a suffix-mode gate adapter of --model PATH (setup (a'))")
+    p.add_argument("--random-dir", default=".cache/bench-random", help="where --model random is built and kept")
+    p.add_argument("--setups", nargs="+", choices=["a_prompt", "a_suffix", "b_two_engines", "c_ungated", "d_judge"],
+                   help="default: all (a' where a suffix-mode adapter is known)")
+    p.add_argument("--workloads", nargs="+", default=["single", "multi", "prefix", "memory"],
+                   choices=["single", "multi", "prefix", "memory"])
+    p.add_argument("--runs", type=int, default=3, help="runs of every workload per setup (medians, min, max)")
+    p.add_argument("--questions", type=int, default=24, help="single-turn turns per concurrency level")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
+    p.add_argument("--threads", type=int, default=2, help="5-turn threads in the multi-turn workload")
+    p.add_argument("--answer-tokens", type=int, default=64, help="answer budget per turn")
+    p.add_argument("--prefix-repeats", type=int, default=1, help="per run and prefix length")
+    p.add_argument("--memory-fraction", type=float, default=0.1,
+                   help="KV memory of the shared engine; (b) gives each of its two engines half")
+    p.add_argument("--max-model-len", type=int, help="default: 2048 (demo), 8704 (random)")
+    p.add_argument("--block-size", type=int)
+    p.add_argument("--compile", action="store_true", help="vLLM compile mode instead of eager")
+    p.add_argument("--cores", default=f"0-{(os.cpu_count() or 1) - 1}", help="cores every setup uses (default all)")
+    p.add_argument("--two-engine-cores", choices=["split", "shared"], default="split",
+                   help="(b): half the cores each (split) or all cores for both (shared)")
+    p.add_argument("--out", type=Path, help="write the figures as JSON here (and the tables beside it, .md)")
+    p.set_defaults(func=_bench)
+
+    p = commands.add_parser("figures", help="re-measure the figures the README and docs/figures.md show, each "
+                            "into docs/figures/<item>.json",
+                            description="Runs figures.py's items (its docstring says what each file holds).")
+    p.add_argument("--only", nargs="+", metavar="ITEM", help="these items only (--list names them)")
+    p.add_argument("--list", action="store_true", help="list the items, their commands and expected minutes")
+    p.add_argument("--reread", action="store_true", help="read sealed held-out data again on the same model")
+    p.add_argument("--readme", action="store_true", help="re-render the figure blocks of the README, "
+                   "docs/figures.md and docs/demo-model.md from their files")
+    p.add_argument("--dir", type=Path, default=Path("docs/figures"), help="where results go (default docs/figures)")
+    p.add_argument("--logs", type=Path, help="keep each item's log here (default: beside its temporary output)")
+    p.set_defaults(func=_figures)
+
