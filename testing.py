@@ -269,11 +269,9 @@ class ScriptedEngine:
                              len(prompt) - 1)
 
     def check_length(self, ids: Sequence[int], max_tokens: int) -> None:
-        from gatehead.errors import InvalidInput
+        from gatehead.runtime.engine import SharedEngine
 
-        if len(ids) + max_tokens > self.max_model_len:
-            raise InvalidInput(f"the prompt has {len(ids)} tokens; with max_tokens={max_tokens} it exceeds the "
-                               f"model's {self.max_model_len}-token context")
+        SharedEngine.check_length(self, ids, max_tokens)  # the engine's own check, on this max_model_len
 
     async def stats(self) -> dict[str, float]:
         return {"running": 0, "waiting": 0}
@@ -304,9 +302,16 @@ class ScriptedStore:
         self.closed = True
 
 
-def cited(answer: str, sources: Sequence[str]) -> list[str]:
-    """The sources an answer's `[n]` markers point at (the prompt numbers its passages from 1, in order).
+def cited(answer: str, sources: Sequence[str], dropped: Sequence[str] = ()) -> list[str]:
+    """The sources an answer's `[n]` markers point at: the prompt numbers the passages it kept from 1, in order
+    (`dropped`: the sources, or indices, the context budget left out). A marker past them stays "[n]?".
 
     What a test of a trained model checks instead of the model's exact words: the fact, and where it
     says the fact came from."""
-    return [sources[int(n) - 1] for n in re.findall(r"\[(\d+)\]", answer) if 0 < int(n) <= len(sources)]
+    kept = [s for i, s in enumerate(sources) if s not in dropped and str(i) not in dropped]
+    return [kept[int(n) - 1] if 0 < int(n) <= len(kept) else f"[{n}]?" for n in re.findall(r"\[(\d+)\]", answer)]
+
+
+def states(answer: str, fact: str) -> bool:
+    """`fact` appears in `answer` as a whole: "€64" is in "costs €64 [1]", not in "€640"."""
+    return re.search(rf"(?<![\w]){re.escape(fact)}(?![\w])", answer) is not None

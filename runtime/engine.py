@@ -263,7 +263,7 @@ class SharedEngine:
 
     def _require_gate(self) -> GateAdapter:
         if self.adapter is None:
-            raise InvalidInput("this engine was started without a gate adapter: set EngineConfig.adapter")
+            raise ValueError("this engine was started without a gate adapter: set EngineConfig.adapter")
         return self.adapter
 
     async def gate_prompt(self, prompt_ids: Sequence[int], thresholds: Thresholds | None = None,

@@ -13,10 +13,13 @@ from __future__ import annotations
 import unicodedata
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gatehead.runtime.engine import SharedEngine
+    from gatehead.gate.adapter import GateAdapter
+    from gatehead.gate.policy import Thresholds
+    from gatehead.gate.prompt import Passage, PromptBuilder, Turn
+    from gatehead.runtime.engine import GateOutcome, SharedEngine
 
 REASONS = ("repetition", "garbled", "improbable")
 
@@ -254,19 +257,20 @@ class GuardedEngine:
         self.engine, self.guard, self.counters = engine, config, counters or GuardCounters()
 
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> Any:
         return self.engine.tokenizer
 
     @property
-    def adapter(self):
+    def adapter(self) -> GateAdapter | None:
         return self.engine.adapter
 
     @property
-    def prompts(self):
+    def prompts(self) -> PromptBuilder | None:
         return self.engine.prompts
 
-    async def gate(self, question, passages=(), conversation=(), **kwargs):
-        return await self.engine.gate(question, passages, conversation, **kwargs)
+    async def gate(self, question: str, passages: Sequence[Passage] = (), conversation: Sequence[Turn] = (), *,
+                   thresholds: Thresholds | None = None, cache_salt: str | None = None) -> GateOutcome:
+        return await self.engine.gate(question, passages, conversation, thresholds=thresholds, cache_salt=cache_salt)
 
     def stream(self, prompt, **kwargs):
         return guarded(lambda bypass: self.engine.stream(prompt, bypass_prefix_cache=bypass, **kwargs), self.guard,

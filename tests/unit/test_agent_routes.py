@@ -12,6 +12,7 @@ import pytest
 
 from gatehead.agent import Agent, AgentConfig, Engine
 from gatehead.agent.prompts import NOT_FOUND, REFUSAL
+from gatehead.errors import InvalidInput
 from gatehead.testing import ScriptedStore as Store
 
 
@@ -87,9 +88,9 @@ def test_the_turns_answer_budget_and_errors(engine) -> None:
     e = engine("answer")
     ask(Agent(e, Store(), AgentConfig(max_answer_tokens=40)), "How long?", max_answer_tokens=7)
     assert e.calls[-1] == ("stream", {"max_tokens": 7, "cache_salt": None})
-    with pytest.raises(ValueError, match="the question is empty"):
+    with pytest.raises(InvalidInput, match="the question is empty"):
         ask(Agent(engine(), Store()), "  ")
-    with pytest.raises(ValueError, match="max_answer_tokens must be >= 1"):
+    with pytest.raises(InvalidInput, match="max_answer_tokens must be >= 1"):
         ask(Agent(engine(), Store()), "How long?", max_answer_tokens=0)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -72,10 +73,16 @@ def test_nothing_heavy_is_imported_at_import_time() -> None:
 
 
 def test_wheel_installs_the_same_namespace(tmp_path: Path) -> None:
+    # setuptools copies into build/lib and reuses what an earlier build left there (modules since moved)
+    for stale in (ROOT / "build").glob("lib*"):
+        shutil.rmtree(stale)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
                     "-w", str(tmp_path / "dist"), str(ROOT)], check=True, capture_output=True)
     wheel = next((tmp_path / "dist").glob("gatehead-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
+    shipped = {n.removeprefix("gatehead/") for n in names if n.endswith(".py")}
+    tree = {p.relative_to(ROOT).as_posix() for p in python_files() if p.relative_to(ROOT).parts[0] != "tests"}
+    assert shipped == tree, f"only in the wheel: {sorted(shipped - tree)}; only in the tree: {sorted(tree - shipped)}"
     packages = [p.parent.relative_to(ROOT).as_posix() for p in python_files()
                 if p.name == "__init__.py" and p.parent != ROOT and p.relative_to(ROOT).parts[0] != "tests"]
     assert set(SUBPACKAGES) <= set(packages) and "server/routers" in packages

@@ -269,3 +269,28 @@ def test_the_openai_api_refuses_what_it_does_not_implement(service, engine) -> N
     assert "tools" in tools.json()["error"]["message"] and "temperature" in hot.json()["error"]["message"]
     assert fine.status_code == 200 and fine.json()["gatehead"]["decision"] == "answer"
     assert fine.json()["choices"][0]["message"]["content"] == "The warranty lasts two years [1]."
+
+
+def test_openai_agent_turns_leave_no_thread_behind_and_failures_check_the_canaries(service, engine) -> None:
+    async def go():
+        scripted = engine()
+        async with service(scripted) as (client, services):
+            pokes = []
+            services.trouble = lambda: pokes.append(1)
+            body = {"model": "gatehead-agent", "messages": [{"role": "user", "content": "How long?"}]}
+            whole = await client.post("/v1/chat/completions", json=body)
+            streamed = await client.post("/v1/chat/completions", json={**body, "stream": True})
+            chat = await client.post("/v1/agent/chat", json={"message": "How long?", "thread_id": "kept"})
+            threads = {key for key, checkpoints in services.saver.storage.items() if checkpoints}
+            healthy = len(pokes)
+            scripted.fail = RuntimeError("boom")
+            failed = await client.post("/v1/gate", json=GATE)  # a 500
+            stream = await client.post("/v1/agent/chat", json={"message": "How long?", "stream": True})
+        return whole, streamed, chat, threads, healthy, failed, stream, len(pokes)
+
+    whole, streamed, chat, threads, healthy, failed, stream, pokes = run(go())
+    assert whole.status_code == streamed.status_code == chat.status_code == 200
+    assert sse(streamed.text)[-1] == ("data", "[DONE]")
+    assert len(threads) == 1 and next(iter(threads)).endswith(":kept")  # the one-off threads were deleted
+    assert healthy == 0 and failed.status_code == 500 and sse(stream.text)[-1][1]["code"] == 500
+    assert pokes == 2  # once for the 500, once for the stream that failed after its 200
