@@ -219,7 +219,6 @@ CHILD = textwrap.dedent('''
     from gatehead.agent.checkpoint import open_checkpointer
     from gatehead.demo import ADAPTER_DIR, MODEL_DIR
     from gatehead.demo.index import open_demo_store
-from gatehead.errors import InvalidInput
     from gatehead.runtime.engine import EngineConfig, SharedEngine
 
     class Counting:
