@@ -188,7 +188,7 @@ class SharedEngine:
         return ids
 
     def check_length(self, ids: Sequence[int], max_tokens: int) -> None:
-        """ValueError (naming the window) when `ids` plus `max_tokens` do not fit the context."""
+        """InvalidInput (naming the window) when `ids` plus `max_tokens` do not fit the context."""
         if len(ids) + max_tokens > self.max_model_len:
             raise InvalidInput(f"the prompt has {len(ids)} tokens; with max_tokens={max_tokens} it exceeds the "
                              f"model's {self.max_model_len}-token context: shorten it or lower max_tokens")

@@ -23,13 +23,12 @@ import anyio
 from fastapi import Request
 
 from gatehead.server.errors import ApiError, error_response
+from gatehead.server.routers.page import PAGE_PATHS
 from gatehead.server.services import Services
 
 log = logging.getLogger("gatehead.server")
 PROBES = ("/livez", "/readyz")
-PAGE_FILES = {"chat.js": "text/javascript", "chat.css": "text/css"}
-# The chat page and its two files hold no data: they load without a key (the page asks for one).
-PUBLIC = (*PROBES, "/", *(f"/static/{name}" for name in PAGE_FILES))
+PUBLIC = (*PROBES, *PAGE_PATHS)  # no key asked
 ROUTES = {"/livez", "/readyz", "/metrics", "/v1/gate", "/v1/agent/chat", "/v1/models", "/v1/chat/completions",
           *PUBLIC}  # metric labels; any other path counts as "other"
 

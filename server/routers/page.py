@@ -8,9 +8,11 @@ from fastapi import APIRouter
 from fastapi.responses import FileResponse
 
 from gatehead.server.errors import ApiError
-from gatehead.server.middleware import PAGE_FILES
 
 router = APIRouter(include_in_schema=False)
+PAGE_FILES = {"chat.js": "text/javascript", "chat.css": "text/css"}
+# The page and its two files hold no data: they load without a key (the page asks for one).
+PAGE_PATHS = ("/", *(f"/static/{name}" for name in PAGE_FILES))
 STATIC = Path(__file__).parent.parent / "static"
 HEADERS = {"Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'",
            "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer"}
