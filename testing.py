@@ -268,6 +268,9 @@ class ScriptedEngine:
             yield Generation(list(range(n)), " ".join(words[:n]), [0.0] * n, "stop" if n == len(words) else None,
                              len(prompt) - 1)
 
+    async def warm_up(self) -> None:
+        await self._enter("warm_up", {})
+
     def check_length(self, ids: Sequence[int], max_tokens: int) -> None:
         from gatehead.runtime.engine import SharedEngine
 

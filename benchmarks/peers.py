@@ -33,14 +33,14 @@ class DedicatedGate:
     """The dedicated gate engine: stock vLLM's pooling runner on the exported gate classifier."""
 
     def __init__(self, export_dir: Path, max_model_len: int, memory_fraction: float, eager: bool,
-                 block_size: int | None) -> None:
+                 block_size: int | None, dtype: str = "bfloat16") -> None:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
         meta = json.loads((export_dir / "gatehead_dedicated.json").read_text())
         self.order = [list(meta["labels"]).index(label) for label in LABELS]
         # vLLM supports prefix caching for causal pooling models with last-token pooling, as this one is.
-        args = dict(model=str(export_dir), runner="pooling", dtype="bfloat16", max_model_len=max_model_len,
+        args = dict(model=str(export_dir), runner="pooling", dtype=dtype, max_model_len=max_model_len,
                     gpu_memory_utilization=memory_fraction, enforce_eager=eager, seed=0, enable_prefix_caching=True)
         if block_size:
             args["block_size"] = block_size

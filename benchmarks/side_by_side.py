@@ -82,6 +82,12 @@ class BenchConfig:
     runs: int = 3
     setups: tuple[str, ...] = tuple(SETUPS)
     workloads: tuple[str, ...] = ("single", "multi", "prefix", "memory")
+    dtype: str = "auto"  # every setup's, resolved once (runtime/dtype.py): bf16 where native, else fp32
+
+    def __post_init__(self) -> None:
+        from gatehead.runtime.dtype import resolve_dtype
+
+        object.__setattr__(self, "dtype", resolve_dtype(self.dtype))
 
 
 def _cores(spec: str) -> list[int]:
@@ -99,7 +105,7 @@ def _bind(cores: Sequence[int]) -> str:
 def _engine_config(config: BenchConfig, adapter, memory_fraction: float) -> EngineConfig:
     return EngineConfig(model=config.model, adapter=adapter, memory_fraction=memory_fraction,
                         max_model_len=config.max_model_len, block_size=config.block_size,
-                        enforce_eager=not config.compile)
+                        enforce_eager=not config.compile, dtype=config.dtype)
 
 
 def _start(cores: Sequence[int], start):
@@ -372,13 +378,14 @@ def run(config: BenchConfig, log=print, on_setup=None) -> dict:
                           else {})
             if "b_two_engines" in wanted:
                 log(SETUPS["b_two_engines"])
-                export = export_dedicated(config.model, config.adapter, Path(tmp) / "dedicated")
+                export = export_dedicated(config.model, config.adapter, Path(tmp) / "dedicated", dtype=config.dtype)
                 half_memory = config.memory_fraction / 2
                 generator = _start(gen_cores, lambda: SharedEngine(_engine_config(config, None, half_memory)))
                 dedicated = None
                 try:
                     dedicated = _start(gate_cores, lambda: DedicatedGate(export, config.max_model_len, half_memory,
-                                                                         not config.compile, config.block_size))
+                                                                         not config.compile, config.block_size,
+                                                                         config.dtype))
                     gate = dedicated
 
                     async def reset_both() -> None:
@@ -453,7 +460,7 @@ def main(args) -> int:
                          two_engine_cores=args.two_engine_cores, questions=args.questions,
                          concurrency=tuple(args.concurrency), threads=args.threads, answer_tokens=args.answer_tokens,
                          prefix_repeats=args.prefix_repeats, runs=args.runs, setups=setups,
-                         workloads=tuple(args.workloads))
+                         workloads=tuple(args.workloads), dtype=args.dtype)
     started = time.time()
     header = {"command": " ".join(["gatehead", *sys.argv[1:]]), "machine": _machine(), "model": args.model,
               "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()}}
@@ -479,7 +486,7 @@ def main(args) -> int:
 
 
 def _machine() -> dict:
-    from gatehead.cli.info import cpu_bf16_path
+    from gatehead.runtime.dtype import cpu_bf16_path
 
     return {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
             "python": platform.python_version(), "bf16": cpu_bf16_path()}

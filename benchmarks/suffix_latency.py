@@ -66,9 +66,9 @@ def measure(adapter: Path, tokens: int, runs: int) -> dict:
 
 
 def main() -> None:
-    from gatehead.cli.info import cpu_bf16_path
     from gatehead.demo import ADAPTER_DIR, DEMO_DIR, MODEL_DIR, SUFFIX_ADAPTER_DIR
     from gatehead.evals.run import _commit, _versions, machine
+    from gatehead.runtime.dtype import cpu_bf16_path
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=1900, help="gate prompt length to aim at (default 1900)")

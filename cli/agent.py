@@ -36,6 +36,7 @@ def _run_agent(args: argparse.Namespace, body) -> int:
         engine = start_engine(args)
         try:
             async def session() -> int:
+                await engine.warm_up()  # the first turn does not pay the engine's first-forward costs
                 async with open_checkpointer(threads) as saver:
                     return await body(Agent(engine, store, config, saver))
 

@@ -39,7 +39,7 @@ def start_engine(args: argparse.Namespace, gate: bool = True):
     return SharedEngine(EngineConfig(model=args.model or locations["model"],
                                      adapter=(args.adapter or locations["adapter"]) if gate else None,
                                      enforce_eager=not args.compile, kv_cache_memory_bytes=args.kv_mb << 20,
-                                     max_model_len=args.max_model_len))
+                                     max_model_len=args.max_model_len, dtype=args.dtype))
 
 
 def store_config(args: argparse.Namespace) -> StoreConfig | None:

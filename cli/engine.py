@@ -20,7 +20,8 @@ def _gate(args: argparse.Namespace) -> int:
         from gatehead.gate.reference import HFReference
 
         locations = model_locations()
-        reference = HFReference(args.model or locations["model"], args.adapter or locations["adapter"], args.dtype)
+        dtype = "float32" if args.dtype == "auto" else args.dtype  # the reference's default: the fp32 ground truth
+        reference = HFReference(args.model or locations["model"], args.adapter or locations["adapter"], dtype)
         result = reference.gate(args.question, passages, thresholds=chosen)
     else:
         engine = start_engine(args)
@@ -64,8 +65,10 @@ def _export_dedicated(args: argparse.Namespace) -> int:
     from gatehead.runtime.dedicated import export_dedicated
 
     locations = model_locations()
+    from gatehead.runtime.dtype import resolve_dtype
+
     out = export_dedicated(args.model or locations["model"], args.adapter or locations["adapter"], args.out,
-                           dtype=args.dtype)
+                           dtype=resolve_dtype(args.dtype))
     print(f"wrote {out}: serve it with stock vLLM, LLM(model=..., runner='pooling').classify(...)")
     return 0
 
@@ -84,8 +87,8 @@ def add_parsers(commands) -> None:
     p.add_argument("--doc", action="append", default=[], help="a document's text (repeatable)")
     add_model_arguments(p)
     p.add_argument("--engine", choices=["vllm", "hf"], default="vllm",
-                   help="vllm: gatehead's shared engine (default); hf: the transformers reference")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="the HF reference's dtype")
+                   help="vllm: gatehead's shared engine (default); hf: the transformers reference (in fp32 "
+                        "unless --dtype bfloat16)")
     p.add_argument("--t-answer", type=float, help="answer threshold (default: the adapter's)")
     p.add_argument("--t-refuse", type=float, help="refuse threshold (default: the adapter's)")
     p.set_defaults(func=_gate)
@@ -104,7 +107,9 @@ def add_parsers(commands) -> None:
     p.add_argument("out", type=Path)
     p.add_argument("--model", help="base model directory (default: GATEHEAD_MODEL, else the demo model)")
     p.add_argument("--adapter", help="gate adapter directory (default: GATEHEAD_ADAPTER, else the demo's)")
-    p.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    p.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="auto",
+                   help="the checkpoint's dtype: auto is the one this host's engines run (bf16 where native, "
+                   "else fp32)")
     p.set_defaults(func=_export_dedicated)
 
     p = commands.add_parser("build-tiny", help="build a tiny random model and gate adapter (tests, benchmarks)")

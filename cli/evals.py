@@ -58,7 +58,7 @@ def _eval(args: argparse.Namespace) -> int:
                           enforce_eager=not args.compile, max_model_len=args.max_model_len,
                           kv_cache_memory_bytes=None if args.memory_fraction else args.kv_mb << 20,
                           memory_fraction=args.memory_fraction or EngineConfig.memory_fraction,
-                          block_size=args.block_size)
+                          block_size=args.block_size, dtype=args.dtype)
     settings = {k: str(v) for k, v in asdict(config).items() if k != "extra"}
     settings.update({k: v for k, v in vars(args).items() if k not in ("func", "command") and not callable(v)
                      and k not in settings})
@@ -146,6 +146,8 @@ def add_parsers(commands) -> None:
     p.add_argument("--max-model-len", type=int, help="default: 2048 (demo), 8704 (random)")
     p.add_argument("--block-size", type=int)
     p.add_argument("--compile", action="store_true", help="vLLM compile mode instead of eager")
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+                   help="every setup's dtype; auto: bf16 where the CPU computes it, else fp32")
     p.add_argument("--cores", default=f"0-{(os.cpu_count() or 1) - 1}", help="cores every setup uses (default all)")
     p.add_argument("--two-engine-cores", choices=["split", "shared"], default="split",
                    help="(b): half the cores each (split) or all cores for both (shared)")

@@ -28,28 +28,13 @@ def _device() -> dict[str, object]:
         import torch
     except ImportError:
         return {"kind": "cpu", "note": "torch is not installed"}
+    from gatehead.runtime.dtype import KIND_NAMES, cpu_bf16_path, cpu_kind, dtype_reason, resolve_dtype
+
     if torch.cuda.is_available():
-        return {"kind": "cuda", "count": torch.cuda.device_count(), "name": torch.cuda.get_device_name(0)}
-    return {"kind": "cpu", "cores": os.cpu_count(), "threads": torch.get_num_threads(), "bf16": cpu_bf16_path()}
-
-
-# oneDNN ISA caps (ONEDNN_MAX_CPU_ISA) below which bf16 GEMMs are emulated on AVX-512F.
-_EMULATED_CAPS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI")
-
-
-def cpu_bf16_path() -> str:
-    """Which bf16 path this CPU takes: "AMX", "AVX-512 BF16" or "emulated" (bf16 computed through fp32).
-
-    bf16 results depend on it (the kernels vLLM and oneDNN pick differ), so fidelity figures name it.
-    """
-    import torch
-
-    capped = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper() in _EMULATED_CAPS
-    if torch.cpu._is_amx_tile_supported() and not capped:
-        return "AMX"
-    if torch.cpu._is_avx512_bf16_supported() and not capped:
-        return "AVX-512 BF16"
-    return "emulated"
+        return {"kind": "cuda", "count": torch.cuda.device_count(), "name": torch.cuda.get_device_name(0),
+                "dtype": dtype_reason(resolve_dtype("auto"))}
+    return {"kind": "cpu", "cores": os.cpu_count(), "threads": torch.get_num_threads(), "isa": KIND_NAMES[cpu_kind()],
+            "bf16": cpu_bf16_path(), "dtype": dtype_reason(resolve_dtype("auto"))}
 
 
 def info() -> dict[str, object]:

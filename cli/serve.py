@@ -45,7 +45,7 @@ def _serve(args: argparse.Namespace) -> int:
     store, corpus = agent_store(args)
     engine = EngineConfig(model=model, adapter=args.adapter or locations["adapter"], enforce_eager=not args.compile,
                           kv_cache_memory_bytes=args.kv_mb << 20, max_model_len=args.max_model_len,
-                          block_size=args.block_size, max_num_batched_tokens=args.max_batched_tokens,
+                          block_size=args.block_size, max_num_batched_tokens=args.max_batched_tokens, dtype=args.dtype,
                           extra=engine_args(args))
     config = ServerConfig(
         engine=engine, base_model_name=base_model_name(model), store=store, corpus=corpus, threads=args.threads,

@@ -90,6 +90,8 @@ MODEL = (
     Setting("--compile", "vLLM's compile mode (slower start) instead of eager", type=None),
     Setting("--kv-mb", "KV-cache memory in MiB (default: 256)", type=int, default=256),
     Setting("--max-model-len", "context window (default: the model's)", type=int),
+    Setting("--dtype", "auto (bf16 where the CPU or GPU computes it, fp32 where bf16 would be emulated), "
+            "bfloat16, float32 or float16", default="auto", metavar="auto|bfloat16|float32|float16"),
 )
 
 AGENT = (

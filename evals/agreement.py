@@ -51,33 +51,39 @@ def _dp(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.abs(a - b).max(axis=1)
 
 
-def no_further_from_fp32(candidate: np.ndarray, reference: np.ndarray, fp32: np.ndarray, bf16: np.ndarray,
+def no_further_from_fp32(candidate: np.ndarray, reference: np.ndarray, fp32: np.ndarray, same: np.ndarray,
                          merged: np.ndarray, name: str = "shared") -> dict[str, tuple[float, float]]:
-    """`candidate` computes the same bf16 gate as `reference` with its sums in another order (the branch
-    beside the merged LoRA, TP shards, compiled fusions): it is no further from the fp32 gate than `reference`
-    is, beyond what one such reordering moves a gate on this machine (HF bf16 with the LoRA merged vs
-    unmerged). Two independent bf16 roundings may sit on either side of fp32, so they are judged against
-    fp32, never against each other. Arrays [n, 3] over the same prompts; (figure, bound) each."""
-    merge, vs_fp32, reference_vs_fp32 = _dp(merged, bf16), _dp(candidate, fp32), _dp(reference, fp32)
+    """`candidate` computes the same gate as `reference` with its sums in another order (the branch beside
+    the merged LoRA, TP shards, compiled fusions): it is no further from the fp32 gate than `reference` is,
+    beyond what one such reordering moves a gate on this machine (HF in the run's dtype with the LoRA merged,
+    `merged`, vs unmerged, `same`). Two independent roundings may sit on either side of fp32, so they are
+    judged against fp32, never against each other. Arrays [n, 3] over the same prompts; (figure, bound) each."""
+    merge, vs_fp32, reference_vs_fp32 = _dp(merged, same), _dp(candidate, fp32), _dp(reference, fp32)
     return {f"{name} vs HF fp32, max |dp|": (float(vs_fp32.max()), float(reference_vs_fp32.max() + merge.max())),
             f"{name} vs HF fp32, mean |dp|": (float(vs_fp32.mean()), float(reference_vs_fp32.mean() + merge.mean()))}
 
 
-def bf16_bounds(shared: np.ndarray, dedicated: np.ndarray, fp32: np.ndarray, bf16: np.ndarray,
-                merged: np.ndarray) -> dict[str, tuple[float, float]]:
-    """The bf16 fidelity checks that hold on any CPU: (figure, bound) each, every bound measured in the same run.
+def fidelity_bounds(shared: np.ndarray, dedicated: np.ndarray, fp32: np.ndarray, same: np.ndarray,
+                    merged: np.ndarray) -> dict[str, tuple[float, float]]:
+    """The gate fidelity checks that hold on any host, in the dtype it runs: (figure, bound) each, every bound
+    measured in the same run. `same` is HF in the run's dtype (HF bf16; in fp32, `fp32` itself) and `merged`
+    HF in that dtype with the LoRA merged, as the dedicated engine holds it.
 
-    bf16 results depend on the CPU's bf16 path (AMX, AVX-512 BF16, emulated), so no bound is a constant.
-    The shared and the dedicated engine are two bf16 computations of one gate that share the base's
-    rounding up to layer N-k: they differ by no more than bf16 itself moves the gate (HF bf16 vs HF fp32).
-    And the shared engine is no further from the fp32 gate than the dedicated engine is, beyond what the
-    LoRA merge alone moves a gate on this machine (`no_further_from_fp32`). Arrays [n, 3] over the same
-    prompts; max and mean over gates of the largest class |dp|.
+    Results depend on the host's kernels (AMX, AVX-512 BF16, emulated bf16, fp32 on AVX-512 or AVX2), so no
+    bound is a constant. A correct computation of the gate in this dtype strays from fp32 by up to what HF's
+    own does, or what one reordering of its sums does (the LoRA merge): that is the shared engine's allowance.
+    The dedicated engine is stock vLLM, not judged here: its own measured distance from fp32 is its
+    allowance. So the two engines differ by no more than the sum of their allowances; and the shared engine
+    is no further from the fp32 gate than the dedicated one, beyond the merge (`no_further_from_fp32`).
+    Arrays [n, 3] over the same prompts; max and mean over gates of the largest class |dp|.
     """
-    rounding, vs_dedicated = _dp(bf16, fp32), _dp(shared, dedicated)
-    return {"shared vs dedicated, max |dp|": (float(vs_dedicated.max()), float(rounding.max())),
-            "shared vs dedicated, mean |dp|": (float(vs_dedicated.mean()), float(rounding.mean())),
-            **no_further_from_fp32(shared, dedicated, fp32, bf16, merged)}
+    allowance = np.maximum(_dp(same, fp32), _dp(merged, same))
+    vs_dedicated, dedicated_vs_fp32 = _dp(shared, dedicated), _dp(dedicated, fp32)
+    return {"shared vs dedicated, max |dp|": (float(vs_dedicated.max()),
+                                              float(allowance.max() + dedicated_vs_fp32.max())),
+            "shared vs dedicated, mean |dp|": (float(vs_dedicated.mean()),
+                                               float(allowance.mean() + dedicated_vs_fp32.mean())),
+            **no_further_from_fp32(shared, dedicated, fp32, same, merged)}
 
 
 async def shared_gate_probs(engine: SharedEngine, prompts: Sequence[Sequence[int]],
@@ -138,26 +144,30 @@ def run_agreement(config, m: int = 256, out=None, work_dir=None):
     progress.update()
     fp32 = HFReference(config.model, config.adapter, "float32").gate_probs(gates)
     progress.update()
-    bf16 = HFReference(config.model, config.adapter, "bfloat16").gate_probs(gates)
+    # HF in the engines' dtype: bf16 where they run bf16; in fp32 the reference is that computation itself.
+    run = "bf16" if config.dtype == "bfloat16" else "fp32"
+    same = fp32 if config.dtype == "float32" else \
+        HFReference(config.model, config.adapter, config.dtype).gate_probs(gates)
     progress.update()
-    merged = HFReference(config.model, config.adapter, "bfloat16", merged=True).gate_probs(gates)
+    merged = HFReference(config.model, config.adapter, config.dtype, merged=True).gate_probs(gates)
     progress.update()
     progress.close()
     thresholds = adapter.spec.thresholds
     pairs = {"shared vs dedicated": agreement(shared, dedicated, thresholds),
              "shared vs HF fp32": agreement(shared, fp32, thresholds),
              "dedicated vs HF fp32": agreement(dedicated, fp32, thresholds),
-             "HF bf16 vs HF fp32": agreement(bf16, fp32, thresholds),
-             "HF bf16 merged vs unmerged": agreement(merged, bf16, thresholds)}
-    vs_dedicated, vs_fp32, scale = pairs["shared vs dedicated"], pairs["shared vs HF fp32"], pairs["HF bf16 vs HF fp32"]
+             **({"HF bf16 vs HF fp32": agreement(same, fp32, thresholds)} if run == "bf16" else {}),
+             f"HF {run} merged vs unmerged": agreement(merged, same, thresholds)}
+    vs_dedicated, vs_fp32 = pairs["shared vs dedicated"], pairs["shared vs HF fp32"]
+    scale_flips = pairs["HF bf16 vs HF fp32"].flips if run == "bf16" else 0
     one_class = len(vs_dedicated.mix_a) < 2
     trained = (Path(config.adapter) / "training.json").exists()  # written by gatehead's gate training
     dp_only = one_class or not trained
-    passed = vs_dedicated.max_dp <= 0.02 and (dp_only or (vs_dedicated.flips == 0 and vs_fp32.flips <= scale.flips))
-    # Not in the rule, for reading it: the dedicated engine runs the LoRA merged into bf16 weights and the
+    passed = vs_dedicated.max_dp <= 0.02 and (dp_only or (vs_dedicated.flips == 0 and vs_fp32.flips <= scale_flips))
+    # Not in the rule, for reading it: the dedicated engine runs the LoRA merged into its weights and the
     # branch runs it unmerged; per gate, how much of their difference that merge alone (in HF) accounts for.
-    beyond_merge = float(beyond(shared, dedicated, merged, bf16).max(initial=0))
-    bounds = bf16_bounds(shared, dedicated, fp32, bf16, merged)  # the test suite's portable checks
+    beyond_merge = float(beyond(shared, dedicated, merged, same).max(initial=0))
+    bounds = fidelity_bounds(shared, dedicated, fp32, same, merged)  # the test suite's portable checks
     rows = [[name, a.n, a.flips, a.max_dp, a.mean_dp, _mix(a.mix_a), _mix(a.mix_b)] for name, a in pairs.items()]
     plot = scatter(out / "agreement.png", dedicated.reshape(-1).tolist(), shared.reshape(-1).tolist(),
                    "dedicated engine p", "shared engine p", "Gate probabilities, every class")
@@ -166,9 +176,9 @@ def run_agreement(config, m: int = 256, out=None, work_dir=None):
               + table(["pair", "n", "flips", "max abs dp", "mean abs dp", "decisions (first)",
                        "decisions (second)"], rows)
               + f"\nLargest shared-vs-dedicated |dp| beyond what the LoRA merge alone moves the same gate in HF "
-                f"bf16: {beyond_merge:.4f}.\n"
-              + "\nThe test suite's bf16 checks, each bound measured on this machine in this run "
-                "(`evals.agreement.bf16_bounds`):\n\n"
+                f"{run}: {beyond_merge:.4f}.\n"
+              + f"\nThe test suite's {run} checks, each bound measured on this machine in this run "
+                "(`evals.agreement.fidelity_bounds`):\n\n"
               + table(["check", "figure", "bound", "holds"],
                       [[name, figure, bound, figure <= bound] for name, (figure, bound) in bounds.items()])
               + ("\nEvery shared decision is in one class: flips mean nothing, judged on |dp| alone.\n"
@@ -178,7 +188,7 @@ def run_agreement(config, m: int = 256, out=None, work_dir=None):
     summary = {name: {"flips": a.flips, "max_dp": round(a.max_dp, 6)} for name, a in pairs.items()}
     return Outcome(passed, {"m": m, "pairs": {name: asdict(a) for name, a in pairs.items()},
                             "max_dp_beyond_merge": beyond_merge,
-                            "bf16_bounds": {name: {"figure": f, "bound": b} for name, (f, b) in bounds.items()},
+                            "fidelity_bounds": {name: {"figure": f, "bound": b} for name, (f, b) in bounds.items()},
                             "one_class": one_class, "trained_adapter": trained, "judged_on_dp_only": dp_only},
                    report, [plot], summary)
 

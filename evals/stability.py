@@ -146,8 +146,8 @@ def run_stability(config, n: int = 64, max_tokens: int = 128, variants: Sequence
     unknown = set(variants) - set(VARIANTS)
     if unknown or not variants:
         raise ValueError(f"unknown stability variants {sorted(unknown)}; choose from {list(VARIANTS)}")
-    if config.dtype != "bfloat16":
-        raise ValueError("the stability rule is judged in bf16")
+    if config.dtype not in ("bfloat16", "float32"):
+        raise ValueError(f"the stability rule is judged in the host's dtype, bf16 or fp32, not {config.dtype}")
     window = config.max_model_len or 2048
     builder, action_ids = prompt_builder(config.model, config.adapter, window)
     answers, gates = build_prompts(builder, n, 1, "answer"), build_prompts(builder, n, 2, "gate")

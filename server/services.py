@@ -2,8 +2,8 @@
 
 `Services.start` opens the backends (`open_backends`: the Qdrant store with its corpus, the shared
 engine, the checkpointer), puts generations behind the degenerate-output guard, builds the agent,
-runs one warm-up generation and records the canaries. Until it has, the service is not ready. A test
-passes its own opener to run the service on a scripted engine.
+runs the engine's warm-up (a generation and a gate) and records the canaries. Until it has, the service
+is not ready. A test passes its own opener to run the service on a scripted engine.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from gatehead.server.errors import ApiError
 from gatehead.server.metrics import Metrics
 
 log = logging.getLogger("gatehead.server")
-WARM_UP = "The engine runs this prompt once before it serves, so that its first forward is not a request's."
 
 
 @dataclass(frozen=True)
@@ -91,9 +90,7 @@ class Services:
             self.engine, self.store, self.saver = backends.engine, backends.store, backends.saver
             self.generator = GuardedEngine(self.engine, config.guard, self.guard)
             self.agent = Agent(self.generator, self.store, config.agent, self.saver)
-            # Warm-up. Not a one-token prompt: on an AMX CPU in bf16, vLLM's CPU worker dies of SIGILL when
-            # the first forward it runs is one or two tokens long (seen with the 12-layer demo model).
-            await self.engine.generate(self.engine.tokenizer.encode(WARM_UP, add_special_tokens=False), max_tokens=1)
+            await self.engine.warm_up()  # the first forward's and the first gate's one-time costs
             if config.canary.enabled:
                 self.canaries = Canaries(self.engine, config.canary)
                 await self.canaries.record()

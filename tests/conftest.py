@@ -14,24 +14,28 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-import torch  # noqa: F401  (before OMP_NUM_THREADS is set below)
 
-from gatehead.retrieval.config import EmbedderConfig
-from gatehead.retrieval.embedder import Embedder
-from gatehead.testing import TinyModel, TinySpec, build_tiny
-
-T = TypeVar("T")
-
-# GATEHEAD_TEST_CPU_ISA=avx512 runs the suite as a CPU without AMX or AVX-512 BF16 computes (see
-# tests/cpu_isa/gatehead_cpu_isa.py): in this process, before any kernel runs, and through the folder's
-# sitecustomize in every Python process the tests start.
+# GATEHEAD_TEST_CPU_ISA=avx512 | avx2 runs the suite as a CPU of that kind computes (see
+# tests/cpu_isa/gatehead_cpu_isa.py): in this process, before torch is imported and any kernel runs, and
+# through the folder's sitecustomize in every Python process the tests start.
 _CPU_ISA = Path(__file__).parent / "cpu_isa"
 sys.path.insert(0, str(_CPU_ISA))
 import gatehead_cpu_isa  # noqa: E402
 
 if gatehead_cpu_isa.requested() != "native":
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_CPU_ISA), os.environ.get("PYTHONPATH")]))
+gatehead_cpu_isa.apply_environment()
+
+import torch  # noqa: E402,F401  (before OMP_NUM_THREADS is set below)
+
 gatehead_cpu_isa.apply()
+
+from gatehead.retrieval.config import EmbedderConfig  # noqa: E402
+from gatehead.retrieval.embedder import Embedder  # noqa: E402
+from gatehead.runtime.dtype import resolve_dtype  # noqa: E402
+from gatehead.testing import TinyModel, TinySpec, build_tiny  # noqa: E402
+
+T = TypeVar("T")
 
 # vLLM's CPU build runs each engine as an engine-core process plus one worker process, each importing
 # vLLM (~13 s apiece on 2 cores). Tests run the worker inside the engine-core process instead (its
@@ -193,7 +197,8 @@ def embedder() -> Embedder:
 
 @pytest.fixture(scope="session")
 def demo_shared():
-    """The shared engine on the demo model and gate (eager, bf16, 2k context): fidelity and agent tests."""
+    """The shared engine on the demo model and gate (eager, the host's dtype, 2k context): fidelity and agent
+    tests."""
     yield from demo_engine(gate=True)
 
 
@@ -216,14 +221,16 @@ def demo_gates(demo_shared) -> list[tuple[int, ...]]:
 
 @pytest.fixture(scope="session")
 def demo_references(demo_gates) -> dict[str, Any]:
-    """The HF references' probabilities on `demo_gates`, computed once: fp32, bf16, and bf16 with the LoRA
-    merged as the dedicated engine holds it (the bf16 ones are slow where the CPU emulates bf16)."""
+    """The HF references' probabilities on `demo_gates`, computed once: fp32, HF in the host's dtype (`same`: HF
+    bf16, or in fp32 the fp32 reference itself), and in that dtype with the LoRA merged as the dedicated engine
+    holds it (`merged`)."""
     from gatehead.demo import ADAPTER_DIR, MODEL_DIR
     from gatehead.gate.reference import HFReference
 
-    return {name: HFReference(MODEL_DIR, ADAPTER_DIR, dtype, merged=merged).gate_probs(demo_gates)
-            for name, dtype, merged in (("fp32", "float32", False), ("bf16", "bfloat16", False),
-                                        ("merged", "bfloat16", True))}
+    fp32 = HFReference(MODEL_DIR, ADAPTER_DIR, "float32").gate_probs(demo_gates)
+    same = fp32 if HOST_DTYPE == "float32" else HFReference(MODEL_DIR, ADAPTER_DIR, HOST_DTYPE).gate_probs(demo_gates)
+    merged = HFReference(MODEL_DIR, ADAPTER_DIR, HOST_DTYPE, merged=True).gate_probs(demo_gates)
+    return {"fp32": fp32, "same": same, "merged": merged}
 
 
 def demo_engine(gate: bool) -> Iterator:
@@ -257,3 +264,15 @@ def write_corpus(tmp_path: Path) -> Callable[[dict[str, str | bytes], str], Path
 def gatehead_cli() -> str:
     """The `gatehead` command installed next to the running Python."""
     return str(Path(sys.executable).parent / "gatehead")
+
+
+# The dtype engines run on this host when nobody names one (dtype "auto", runtime/dtype.py): bf16 where the
+# CPU computes it, fp32 where it would emulate it. Fidelity rules are judged in that dtype; a bf16 rule on a
+# host that runs fp32 is skipped with this reason, never loosened.
+HOST_DTYPE = resolve_dtype("auto")
+
+
+@pytest.fixture(scope="session")
+def host_dtype() -> str:
+    """"bfloat16" where this CPU computes bf16, else "float32": what engines started with dtype auto run."""
+    return HOST_DTYPE

@@ -1,13 +1,23 @@
-"""Makes this Python process compute as a CPU without AMX or AVX-512 BF16 would (GATEHEAD_TEST_CPU_ISA=avx512).
+"""Makes this Python process compute as another kind of x86 CPU would (GATEHEAD_TEST_CPU_ISA=avx512 | avx2).
 
-The suite must pass on both kinds of host these machines come in: with AMX and AVX-512 BF16, and with
-AVX-512F only, where bf16 is emulated. On an AMX host this picks the other kind's code paths:
-oneDNN is capped at AVX-512 without bf16 (`ONEDNN_MAX_CPU_ISA`, read when oneDNN first runs), and
-torch's own ISA checks, which vLLM reads to choose its kernels (its `_C_AVX512` library instead of
-`_C`, the "vec" attention instead of "amx", oneDNN GEMMs instead of AMX ones), answer as that CPU
-would. It does not emulate the other CPU's instruction timings, and kernels that probe the CPU
-themselves in C++ may still see AMX. `tests/conftest.py` applies it to the test process and puts
-this folder on PYTHONPATH, so its `sitecustomize` applies it to every process the tests start.
+The suite must pass on every kind of host CI may get: AMX, AVX-512 BF16, AVX-512F only (`avx512`)
+and AVX2 only (`avx2`, AMD EPYC and Ryzen before Zen 4). On a host of a richer kind this picks the
+poorer kind's code paths, in each library that chooses by the CPU:
+- torch's ISA checks answer as that CPU would (`torch.cpu._is_amx_tile_supported`,
+  `_is_avx512_bf16_supported`, and for avx2 `_is_avx512_supported`, `_is_vnni_supported`): vLLM reads
+  them to choose its kernel library (`_C`, `_C_AVX512`, `_C_AVX2`), its attention ISA ("amx" or
+  "vec"), whether FP8 KV is possible, and gatehead reads them to pick its dtype (runtime/dtype.py);
+- torch's own vectorised kernels run at that capability (`ATEN_CPU_CAPABILITY`: avx512 | avx2);
+- oneDNN, torch's and vLLM's, is capped at that ISA (`ONEDNN_MAX_CPU_ISA`: AVX512_CORE | AVX2), so
+  a bf16 primitive is refused or emulated where that CPU would refuse or emulate it;
+- MKL's GEMMs take that ISA's code path (`MKL_ENABLE_INSTRUCTIONS`: AVX512 | AVX2), so fp32 sums are
+  blocked as on that CPU.
+The variables must be set before the libraries first run: `tests/conftest.py` calls `apply()` before it
+imports torch and puts this folder on PYTHONPATH, so its `sitecustomize` applies it at the start of
+every Python process the tests start (vLLM's engine cores and workers included). It does not emulate
+the other CPU's timings, and C++ code that probes CPUID itself beyond these (torch's bf16 checks for
+its own oneDNN matmuls) still sees the host: which is why bf16 rules are judged only where bf16 is
+native, and emulated kinds run fp32.
 """
 
 from __future__ import annotations
@@ -15,7 +25,20 @@ from __future__ import annotations
 import os
 
 VARIABLE = "GATEHEAD_TEST_CPU_ISA"
-CHOICES = ("native", "avx512")
+CHOICES = ("native", "avx512", "avx2")
+
+# The environment of each emulated kind: torch's kernels, oneDNN, MKL.
+ENVIRONMENT = {
+    "avx512": {"ATEN_CPU_CAPABILITY": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE",
+               "MKL_ENABLE_INSTRUCTIONS": "AVX512"},
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+}
+# torch.cpu's checks that answer False on each emulated kind.
+ABSENT = {
+    "avx512": ("_is_amx_tile_supported", "_is_amx_fp16_supported", "_is_avx512_bf16_supported"),
+    "avx2": ("_is_amx_tile_supported", "_is_amx_fp16_supported", "_is_avx512_bf16_supported",
+             "_is_avx512_supported", "_is_vnni_supported"),
+}
 
 
 def requested() -> str:
@@ -26,14 +49,21 @@ def requested() -> str:
     return choice
 
 
+def apply_environment() -> None:
+    """Set the emulated kind's variables; call before torch is imported."""
+    for name, value in ENVIRONMENT.get(requested(), {}).items():
+        os.environ[name] = value
+
+
 def apply() -> None:
-    """Emulate the requested ISA in this process; call before oneDNN or vLLM first runs."""
-    if requested() != "avx512":
+    """Emulate the requested ISA in this process; call before oneDNN, MKL or vLLM first runs."""
+    kind = requested()
+    if kind == "native":
         return
-    os.environ["ONEDNN_MAX_CPU_ISA"] = "AVX512_CORE"
+    apply_environment()
     import torch
 
-    for name in ("_is_amx_tile_supported", "_is_amx_fp16_supported", "_is_avx512_bf16_supported"):
+    for name in ABSENT[kind]:
         setattr(torch.cpu, name, _no)
 
 

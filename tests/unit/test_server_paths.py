@@ -43,7 +43,7 @@ def opener_of(engine, store=None, ready: asyncio.Event | None = None, fail: Base
 @pytest.fixture
 def service(tiny):
     """`async with service(engine, **settings) as (client, services)`: the app on scripted backends, ready;
-    then the engine's calls are cleared and its `fail` and `hold` set (the warm-up generation has run)."""
+    then the engine's calls are cleared and its `fail` and `hold` set (the engine's warm-up has run)."""
     @contextlib.asynccontextmanager
     async def start(engine, opener=None, wait=True, fail=None, hold=None, **settings):
         config = ServerConfig(engine=EngineConfig(model=tiny.model_dir, adapter=tiny.adapter_dir),

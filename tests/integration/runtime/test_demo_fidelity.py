@@ -49,15 +49,16 @@ def test_demo_gate_agreement(demo_shared, demo_gates, demo_references, held_out,
     gates = demo_gates
     generations = built(demo_shared, held_out[256:288], "answer")
     shared = loop.run(shared_gate_probs(demo_shared, gates, generations))
-    export = export_dedicated(MODEL_DIR, ADAPTER_DIR, tmp_path / "dedicated")
-    dedicated = dedicated_gate_probs(export, gates, adapter.spec.labels, dtype="bfloat16", enforce_eager=True,
-                                     kv_cache_memory_bytes=256 << 20, max_model_len=MAX_LEN)
-    fp32, bf16, merged = demo_references["fp32"], demo_references["bf16"], demo_references["merged"]
+    # The dedicated engine in the shared engine's dtype (the host's: bf16 where native, else fp32).
+    export = export_dedicated(MODEL_DIR, ADAPTER_DIR, tmp_path / "dedicated", dtype=demo_shared.config.dtype)
+    dedicated = dedicated_gate_probs(export, gates, adapter.spec.labels, dtype=demo_shared.config.dtype,
+                                     enforce_eager=True, kv_cache_memory_bytes=256 << 20, max_model_len=MAX_LEN)
+    fp32, same, merged = demo_references["fp32"], demo_references["same"], demo_references["merged"]
     thresholds = adapter.spec.thresholds
     vs_dedicated, vs_fp32 = agreement(shared, dedicated, thresholds), agreement(shared, fp32, thresholds)
     dedicated_vs_fp32 = agreement(dedicated, fp32, thresholds)
     bounds = record_agreement("demo", f"{len(gates)} held-out gates mixed with 32 generations", thresholds,
-                              shared=shared, dedicated=dedicated, fp32=fp32, bf16=bf16, merged=merged)
+                              shared=shared, dedicated=dedicated, fp32=fp32, same=same, merged=merged)
     assert len(vs_dedicated.mix_a) == 3, f"the demo gate should use all three decisions: {vs_dedicated.mix_a}"
     # Decisions: the same as stock vLLM's classifier, and no more of them wrong against fp32 than it gets wrong.
     assert vs_dedicated.flips == 0, vs_dedicated
