@@ -66,8 +66,9 @@ def no_further_from_fp32(candidate: np.ndarray, reference: np.ndarray, fp32: np.
 def fidelity_bounds(shared: np.ndarray, dedicated: np.ndarray, fp32: np.ndarray, same: np.ndarray,
                     merged: np.ndarray) -> dict[str, tuple[float, float]]:
     """The gate fidelity checks that hold on any host, in the dtype it runs: (figure, bound) each, every bound
-    measured in the same run. `same` is HF in the run's dtype (HF bf16; in fp32, `fp32` itself) and `merged`
-    HF in that dtype with the LoRA merged, as the dedicated engine holds it.
+    measured in the same run. `same` and `merged` measure a correct computation's noise in the run's dtype:
+    in bf16 HF bf16 and HF bf16 with the LoRA merged (as the dedicated engine holds it); in fp32, where HF is
+    the reference itself, HF fp64 (fp32's own rounding) and HF fp32 with the LoRA merged.
 
     Results depend on the host's kernels (AMX, AVX-512 BF16, emulated bf16, fp32 on AVX-512 or AVX2), so no
     bound is a constant. A correct computation of the gate in this dtype strays from fp32 by up to what HF's
@@ -144,22 +145,23 @@ def run_agreement(config, m: int = 256, out=None, work_dir=None):
     progress.update()
     fp32 = HFReference(config.model, config.adapter, "float32").gate_probs(gates)
     progress.update()
-    # HF in the engines' dtype: bf16 where they run bf16; in fp32 the reference is that computation itself.
+    # A correct computation's noise in the engines' dtype: HF bf16 where they run bf16; in fp32, where HF is the
+    # reference itself, HF fp64 (fp32's own rounding). `merged`: HF in that dtype with the LoRA merged.
     run = "bf16" if config.dtype == "bfloat16" else "fp32"
-    same = fp32 if config.dtype == "float32" else \
-        HFReference(config.model, config.adapter, config.dtype).gate_probs(gates)
+    same = HFReference(config.model, config.adapter, "float64" if run == "fp32" else config.dtype).gate_probs(gates)
     progress.update()
     merged = HFReference(config.model, config.adapter, config.dtype, merged=True).gate_probs(gates)
     progress.update()
     progress.close()
     thresholds = adapter.spec.thresholds
+    same_name = "HF bf16" if run == "bf16" else "HF fp64"
     pairs = {"shared vs dedicated": agreement(shared, dedicated, thresholds),
              "shared vs HF fp32": agreement(shared, fp32, thresholds),
              "dedicated vs HF fp32": agreement(dedicated, fp32, thresholds),
-             **({"HF bf16 vs HF fp32": agreement(same, fp32, thresholds)} if run == "bf16" else {}),
-             f"HF {run} merged vs unmerged": agreement(merged, same, thresholds)}
+             f"{same_name} vs HF fp32": agreement(same, fp32, thresholds),
+             f"HF {run} merged vs {'unmerged' if run == 'bf16' else 'HF fp64'}": agreement(merged, same, thresholds)}
     vs_dedicated, vs_fp32 = pairs["shared vs dedicated"], pairs["shared vs HF fp32"]
-    scale_flips = pairs["HF bf16 vs HF fp32"].flips if run == "bf16" else 0
+    scale_flips = pairs[f"{same_name} vs HF fp32"].flips
     one_class = len(vs_dedicated.mix_a) < 2
     trained = (Path(config.adapter) / "training.json").exists()  # written by gatehead's gate training
     dp_only = one_class or not trained

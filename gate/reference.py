@@ -22,7 +22,7 @@ from gatehead.gate.metrics import softmax
 from gatehead.gate.policy import LABELS, GateResult, Thresholds, gate_result
 from gatehead.gate.prompt import Passage, PromptBuilder, PromptConfig, Turn
 
-Dtype = Literal["float32", "bfloat16"]
+Dtype = Literal["float32", "bfloat16", "float64"]  # float64: the yardstick of fp32's own rounding
 
 
 def load_classifier(model_dir: str | Path, labels: Sequence[str] = LABELS, dtype: Dtype = "float32"):
@@ -60,8 +60,8 @@ class HFReference:
 
     def __init__(self, model_dir: str | Path, adapter_dir: str | Path | None = None,
                  dtype: Dtype = "float32", device: str = "cpu", merged: bool = False) -> None:
-        if dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"dtype must be 'float32' or 'bfloat16', got {dtype!r}")
+        if dtype not in ("float32", "bfloat16", "float64"):
+            raise ValueError(f"dtype must be 'float32', 'bfloat16' or 'float64', got {dtype!r}")
         self.model_dir = Path(model_dir)
         self.adapter: GateAdapter | None = (
             load_gate_adapter(adapter_dir, self.model_dir) if adapter_dir is not None else None)
@@ -136,7 +136,7 @@ class HFReference:
         return outputs
 
     def gate_logits(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
-        """Head logits [n, 3] in fp32, columns in the adapter's label order."""
+        """Head logits [n, 3] (fp64, exact for every dtype), columns in the adapter's label order."""
         import torch
 
         adapter = self._require_adapter()
@@ -148,7 +148,7 @@ class HFReference:
                 extra["alora_offsets"] = alora_offsets([prompt], adapter.invocation_tokens, len(prompt))
             with torch.inference_mode():
                 logits = self.gate_model(input_ids=ids, **extra).logits  # [1, 3]; HF pools the last token
-            rows.append(logits[0].float().cpu().numpy())
+            rows.append(logits[0].double().cpu().numpy())  # exact for bf16 and fp32 logits
         return np.stack(rows) if rows else np.zeros((0, len(LABELS)), dtype=np.float32)
 
     def gate_probs(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:

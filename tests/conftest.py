@@ -221,16 +221,16 @@ def demo_gates(demo_shared) -> list[tuple[int, ...]]:
 
 @pytest.fixture(scope="session")
 def demo_references(demo_gates) -> dict[str, Any]:
-    """The HF references' probabilities on `demo_gates`, computed once: fp32, HF in the host's dtype (`same`: HF
-    bf16, or in fp32 the fp32 reference itself), and in that dtype with the LoRA merged as the dedicated engine
-    holds it (`merged`)."""
+    """The HF references' probabilities on `demo_gates`, computed once, as the fidelity bounds take them
+    (tests/integration/runtime/conftest.py, `references`): `fp32`, `same` (HF bf16; on an fp32 host HF fp64)
+    and `merged` (HF in the host's dtype with the LoRA merged, as the dedicated engine holds it)."""
     from gatehead.demo import ADAPTER_DIR, MODEL_DIR
     from gatehead.gate.reference import HFReference
 
-    fp32 = HFReference(MODEL_DIR, ADAPTER_DIR, "float32").gate_probs(demo_gates)
-    same = fp32 if HOST_DTYPE == "float32" else HFReference(MODEL_DIR, ADAPTER_DIR, HOST_DTYPE).gate_probs(demo_gates)
-    merged = HFReference(MODEL_DIR, ADAPTER_DIR, HOST_DTYPE, merged=True).gate_probs(demo_gates)
-    return {"fp32": fp32, "same": same, "merged": merged}
+    same = "float64" if HOST_DTYPE == "float32" else HOST_DTYPE
+    return {name: HFReference(MODEL_DIR, ADAPTER_DIR, dtype, merged=merged).gate_probs(demo_gates)
+            for name, dtype, merged in (("fp32", "float32", False), ("same", same, False),
+                                        ("merged", HOST_DTYPE, True))}
 
 
 def demo_engine(gate: bool) -> Iterator:

@@ -29,8 +29,11 @@ def test_info_reports_versions_device_and_model_locations(tmp_path: Path) -> Non
     if report["device"]["kind"] == "cpu":  # what the host offers, or what GATEHEAD_TEST_CPU_ISA emulates
         flags = Path("/proc/cpuinfo").read_text()
         native = "AMX" if "amx_bf16" in flags else "AVX-512 BF16" if "avx512_bf16" in flags else "emulated"
-        expected = "emulated" if os.environ.get("GATEHEAD_TEST_CPU_ISA") == "avx512" else native
+        emulated = os.environ.get("GATEHEAD_TEST_CPU_ISA", "native") != "native"
+        expected = "emulated" if emulated else native
         assert report["device"]["bf16"] == expected, report["device"]
+        # dtype auto: bf16 where the CPU computes it, fp32 where it would emulate it
+        assert report["device"]["dtype"].startswith("float32" if expected == "emulated" else "bfloat16")
     assert report["vllm_plugin"] == ["gatehead = gatehead.runtime.plugin:register"]
     assert report["models"]["model"] == str(tmp_path / "m") and report["models"]["adapter"] == str(tmp_path / "a")
     text = run("info", env=env).stdout

@@ -25,6 +25,7 @@ from gatehead.evals.dataset import (
 )
 from gatehead.evals.run import Outcome, read_ledger, run_eval
 from gatehead.evals.squad import convert_squad
+from gatehead.runtime.dtype import resolve_dtype
 from gatehead.testing import TinyModel
 
 GATEHEAD = str(Path(sys.executable).parent / "gatehead")
@@ -153,18 +154,26 @@ def test_eval_agreement_on_the_tiny_model(tiny: TinyModel, tmp_path: Path) -> No
     report = check_outputs(result, tmp_path / "a", tmp_path / "ledger.jsonl", "agreement", ["agreement.png"],
                            must_pass=False)
     pairs = report["pairs"]
+    # In the host's dtype: the noise of a correct gate is HF bf16's where bf16 is native, else fp32's own
+    # (HF fp32 vs HF fp64); evals/agreement.py's `fidelity_bounds`.
+    precision = "bf16" if resolve_dtype("auto") == "bfloat16" else "fp32"
+    same, merge = ("HF bf16", "HF bf16 merged vs unmerged") if precision == "bf16" else \
+        ("HF fp64", "HF fp32 merged vs HF fp64")
     assert (report["verdict"] == "pass") == (pairs["shared vs dedicated"]["max_dp"] <= 0.02)
-    assert report["max_dp_beyond_merge"] <= pairs["HF bf16 vs HF fp32"]["max_dp"]
-    assert pairs["shared vs HF fp32"]["max_dp"] <= report["bf16_bounds"]["shared vs HF fp32, max |dp|"]["bound"]
-    assert set(pairs) == {"shared vs dedicated", "shared vs HF fp32", "dedicated vs HF fp32", "HF bf16 vs HF fp32",
-                          "HF bf16 merged vs unmerged"}
-    assert f"beyond what the LoRA merge alone moves the same gate in HF bf16: {report['max_dp_beyond_merge']:.4f}" \
-        in (tmp_path / "a" / "report.md").read_text()
+    if precision == "bf16":  # the shared engine's distance beyond the merge, within bf16's own noise
+        assert report["max_dp_beyond_merge"] <= pairs["HF bf16 vs HF fp32"]["max_dp"]
+    bounds = report["fidelity_bounds"]
+    assert all(b["figure"] <= b["bound"] for b in bounds.values()), bounds
+    assert set(pairs) == {"shared vs dedicated", "shared vs HF fp32", "dedicated vs HF fp32", f"{same} vs HF fp32",
+                          merge}
+    assert f"beyond what the LoRA merge alone moves the same gate in HF {precision}: " \
+           f"{report['max_dp_beyond_merge']:.4f}" in (tmp_path / "a" / "report.md").read_text()
     assert all(p["n"] == 24 for p in pairs.values())
-    bounds = report["bf16_bounds"]
     assert bounds["shared vs dedicated, max |dp|"]["figure"] == pytest.approx(pairs["shared vs dedicated"]["max_dp"])
-    assert bounds["shared vs dedicated, max |dp|"]["bound"] == pytest.approx(pairs["HF bf16 vs HF fp32"]["max_dp"])
-    assert "The test suite's bf16 checks" in (tmp_path / "a" / "report.md").read_text()
+    allowance = max(pairs[f"{same} vs HF fp32"]["max_dp"], pairs[merge]["max_dp"])
+    assert bounds["shared vs dedicated, max |dp|"]["bound"] == pytest.approx(
+        allowance + pairs["dedicated vs HF fp32"]["max_dp"])
+    assert f"The test suite's {precision} checks" in (tmp_path / "a" / "report.md").read_text()
     assert not report["trained_adapter"] and report["judged_on_dp_only"]  # a random adapter: |dp| alone
 
 

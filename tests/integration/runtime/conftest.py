@@ -58,28 +58,32 @@ def engines(tiny: TinyModel) -> Iterator[Callable[..., SharedEngine]]:
 
 def references(model_dir, adapter_dir, gates: Sequence[Sequence[int]],
                dtype: str = HOST_DTYPE) -> dict[str, np.ndarray]:
-    """The HF references of the gate on `gates`: `fp32` (the truth), `same` (HF in the engines' dtype: HF bf16,
-    or in fp32 the fp32 reference itself) and `merged` (HF in that dtype with the LoRA merged, as the dedicated
-    engine holds it: one reordering of the same sums)."""
+    """The HF references of the gate on `gates` that the fidelity bounds take (`evals.agreement.fidelity_bounds`):
+    `fp32` (the reference) and two measures of the noise of a correct computation in the engines' dtype. In bf16:
+    `same` HF bf16 and `merged` HF bf16 with the LoRA merged (one reordering of the same sums). In fp32, where
+    HF is the reference itself: `same` HF fp64, so that fp32's own rounding is measured, and `merged` HF fp32
+    with the LoRA merged."""
     fp32 = HFReference(model_dir, adapter_dir, "float32").gate_probs(gates)
-    same = fp32 if dtype == "float32" else HFReference(model_dir, adapter_dir, dtype).gate_probs(gates)
+    same = HFReference(model_dir, adapter_dir, "float64" if dtype == "float32" else dtype).gate_probs(gates)
     merged = HFReference(model_dir, adapter_dir, dtype, merged=True).gate_probs(gates)
     return {"fp32": fp32, "same": same, "merged": merged}
 
 
-def allowance(refs: dict[str, np.ndarray]) -> np.ndarray:
-    """Per gate, how far a correct computation of it in the engines' dtype may stray from fp32 on this machine:
-    HF's own distance in that dtype, or one reordering of its sums (the LoRA merge), whichever is larger."""
-    def dp(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return np.abs(a - b).max(axis=1)
+def against_fp32(probs: np.ndarray, tiny: TinyModel,
+                 gates: Sequence[Sequence[int]]) -> tuple[Agreement, Agreement, int]:
+    """(the engine vs a reference one step more precise than its dtype, HF in that dtype vs the same reference,
+    the factor the floor is allowed): the engine's distance from the truth and a correct computation's.
 
-    return np.maximum(dp(refs["same"], refs["fp32"]), dp(refs["merged"], refs["same"]))
-
-
-def against_fp32(probs: np.ndarray, tiny: TinyModel, gates: Sequence[Sequence[int]]) -> tuple[Agreement, float]:
-    """(engine vs HF fp32, the largest distance from fp32 a correct gate in the host's dtype has here)."""
-    refs = references(tiny.model_dir, tiny.adapter_dir, gates)
-    return agreement(probs, refs["fp32"], tiny.adapter.spec.thresholds), float(allowance(refs).max())
+    In bf16 the reference is HF fp32 and the engine may stray as far as HF bf16 does (factor 1). In fp32 it
+    is HF fp64 and the floor is fp32's own rounding (HF fp32 vs HF fp64): there the engine's oneDNN GEMMs and
+    HF's MKL ones block their sums differently, and the engine measured 1.4x HF's distance (qwen2, AVX2
+    emulated: 6.0e-6 against 4.2e-6), so it is allowed twice HF's, as two roundings of one gate; a wrong
+    branch moves a gate by 1e-3 and more."""
+    precise = "float32" if HOST_DTYPE == "bfloat16" else "float64"
+    truth = HFReference(tiny.model_dir, tiny.adapter_dir, precise).gate_probs(gates)
+    same = HFReference(tiny.model_dir, tiny.adapter_dir, HOST_DTYPE).gate_probs(gates)
+    thresholds = tiny.adapter.spec.thresholds
+    return agreement(probs, truth, thresholds), agreement(same, truth, thresholds), 1 if precise == "float32" else 2
 
 
 PAIRS = (("shared-dedicated", "shared vs dedicated engine", "shared", "dedicated"),
@@ -87,20 +91,20 @@ PAIRS = (("shared-dedicated", "shared vs dedicated engine", "shared", "dedicated
          ("dedicated-fp32", "dedicated vs HF fp32", "dedicated", "fp32"),
          ("bf16-fp32", "HF bf16 vs HF fp32", "same", "fp32"),
          ("merged-bf16", "HF bf16 LoRA merged vs unmerged", "merged", "same"))
+FP32_LABELS = {"bf16-fp32": "HF fp64 vs HF fp32", "merged-bf16": "HF fp32 LoRA merged vs HF fp64"}
 
 
 @pytest.fixture(scope="session")
 def record_agreement(record_figure) -> Callable[..., dict[str, tuple[float, float]]]:
     """`record_agreement(prefix, where, thresholds, shared=, dedicated=, fp32=, same=, merged=)`: records the
     agreement pairs and the fidelity bounds (`evals.agreement.fidelity_bounds`) under `prefix/agreement/`, in
-    the host's dtype (in fp32 the HF-bf16 pair is not measured: `same` is fp32 itself); returns the bounds."""
+    the host's dtype (`references` says what `same` and `merged` are in each); returns the bounds."""
 
     def record(prefix: str, where: str, thresholds, **probs: np.ndarray) -> dict[str, tuple[float, float]]:
         run = "bf16" if HOST_DTYPE == "bfloat16" else "fp32"
         for key, label, a, b in PAIRS:
-            if run == "fp32" and key == "bf16-fp32":
-                continue
-            record_figure(f"{prefix}/agreement/{key}", f"gate, {label.replace('bf16', run)} ({where})",
+            label = FP32_LABELS.get(key, label) if run == "fp32" else label
+            record_figure(f"{prefix}/agreement/{key}", f"gate, {label} ({where})",
                           agreement(probs[a], probs[b], thresholds))
         bounds = fidelity_bounds(probs["shared"], probs["dedicated"], probs["fp32"], probs["same"], probs["merged"])
         record_figure(f"{prefix}/agreement/bounds", f"gate, the {run} bounds (figure, bound)", bounds)
@@ -116,7 +120,7 @@ def hf_references() -> Callable[..., dict[str, np.ndarray]]:
 
 
 @pytest.fixture(scope="session")
-def fp32_judge() -> Callable[..., tuple[Agreement, float]]:
+def fp32_judge() -> Callable[..., tuple[Agreement, Agreement, int]]:
     return against_fp32
 
 

@@ -31,11 +31,12 @@ def test_stability_and_agreement(arch_engines, loop, fp32_judge) -> None:
     print(f"{arch} mixed stability: {stability}")
     assert stability.passed, stability
     gates = [shared.prompts.build(r.question, r.passages, r.conversation).gate for r in synthetic_requests(256, 3)]
-    engine, floor = fp32_judge(loop.run(shared_gate_probs(shared, gates)), tiny, gates)
-    print(f"{arch} shared vs HF fp32: {engine}\n{arch} HF bf16 vs HF fp32: {floor}")
-    # A random adapter is judged on |dp| (DESIGN): the engine's bf16 gate is no further from fp32 than HF's
-    # own bf16 gate. Flip counts are printed; at a handful per 256 they are noise for random weights.
-    assert engine.max_dp <= floor.max_dp and engine.mean_dp <= floor.mean_dp
+    engine, floor, factor = fp32_judge(loop.run(shared_gate_probs(shared, gates)), tiny, gates)
+    print(f"{arch} shared vs the reference: {engine}\n{arch} HF {shared.config.dtype} vs the reference: {floor}")
+    # A random adapter is judged on |dp| (DESIGN): the engine's gate is no further from the more precise
+    # reference than HF's own gate in the host's dtype (twice that in fp32: `against_fp32`). Flip counts are
+    # printed; at a handful per 256 they are noise for random weights.
+    assert engine.max_dp <= factor * floor.max_dp and engine.mean_dp <= factor * floor.mean_dp
 
 
 def test_unsupported_architecture_is_refused(tmp_path) -> None:

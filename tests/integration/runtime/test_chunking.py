@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 
 from gatehead.evals.workload import synthetic_requests
+from gatehead.runtime.dtype import resolve_dtype
 from gatehead.runtime.engine import SharedEngine
 
-BLOCK_BYTES = 32 * 6 * 2 * 2 * 32 * 2  # tokens x layers x (K, V) x kv heads x head dim x bf16
+# tokens x layers x (K, V) x kv heads x head dim x bytes of the host's dtype
+BLOCK_BYTES = 32 * 6 * 2 * 2 * 32 * {"bfloat16": 2, "float32": 4}[resolve_dtype("auto")]
 
 
 def probs_of(outcomes) -> np.ndarray:

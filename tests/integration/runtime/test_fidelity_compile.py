@@ -7,7 +7,6 @@ import pytest
 from gatehead.evals.agreement import agreement, no_further_from_fp32, shared_gate_probs
 from gatehead.evals.stability import check_stability
 from gatehead.evals.workload import synthetic_requests
-from gatehead.gate.reference import HFReference
 from gatehead.runtime.engine import EngineConfig, SharedEngine
 from gatehead.testing import TinyModel
 
@@ -41,7 +40,7 @@ def test_stability_compiled(compiled, compiled_suffix, loop, record_figure, mixe
 
 
 def test_compiled_gate_is_no_further_from_fp32_than_eager(compiled, shared_eager, loop, tiny: TinyModel,
-                                                         record_figure) -> None:
+                                                         record_figure, hf_references) -> None:
     """Compile mode fuses the base's bf16 ops differently (the tap sits inside the compiled graph): the
     compiled gate is no further from fp32 than the eager one, beyond what one reordering of the same bf16
     sums moves a gate on this machine (HF bf16 merged vs unmerged), all measured in this run. A random
@@ -49,9 +48,8 @@ def test_compiled_gate_is_no_further_from_fp32_than_eager(compiled, shared_eager
     _, shared = compiled
     gates = [shared.prompts.build(r.question, r.passages, r.conversation).gate for r in synthetic_requests(128, 7)]
     compiled_probs, eager = (loop.run(shared_gate_probs(e, gates)) for e in (shared, shared_eager))
-    fp32, bf16, merged = (HFReference(tiny.model_dir, tiny.adapter_dir, dtype, merged=m).gate_probs(gates)
-                          for dtype, m in (("float32", False), ("bfloat16", False), ("bfloat16", True)))
-    bounds = no_further_from_fp32(compiled_probs, eager, fp32, bf16, merged, name="compiled")
+    refs = hf_references(tiny.model_dir, tiny.adapter_dir, gates, shared.config.dtype)
+    bounds = no_further_from_fp32(compiled_probs, eager, refs["fp32"], refs["same"], refs["merged"], name="compiled")
     record_figure("tiny/compiled/vs-eager", "gate, compile mode vs eager (128 gates)",
                   agreement(compiled_probs, eager, tiny.adapter.spec.thresholds))
     record_figure("tiny/compiled/bounds", "gate, compile mode: no further from HF fp32 than eager, plus the "

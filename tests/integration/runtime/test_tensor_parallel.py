@@ -33,7 +33,8 @@ def test_gate_under_tp2_matches_tp1_in_fp32(engines, tp2, cpu_binding, loop, tin
 
 def test_trained_gate_under_tp2_in_bf16_matches_tp1(demo_shared, demo_gates, demo_references, cpu_binding,
                                                     loop, record_figure) -> None:
-    """bf16 on the demo model: TP=2 sums the base in another order, and a trained gate must not notice.
+    """The host's dtype (bf16 where native, else fp32) on the demo model: TP=2 sums the base in another order,
+    and a trained gate must not notice. (In fp32 the reordering's move is fp32's own: HF fp32 vs HF fp64.)
 
     Bound: no flips against TP=1 (the session's demo engine), and TP=2 no further from the fp32 gate than
     TP=1 is, beyond what one reordering of the same bf16 sums moves a gate on this machine (HF bf16 with
@@ -57,9 +58,10 @@ def test_trained_gate_under_tp2_in_bf16_matches_tp1(demo_shared, demo_gates, dem
         engine.shutdown()
     thresholds = demo_shared.adapter.spec.thresholds
     result = agreement(two, one, thresholds)
-    fp32, bf16, merged = (demo_references[name][:n] for name in ("fp32", "bf16", "merged"))
-    bounds = no_further_from_fp32(two, one, fp32, bf16, merged, name="TP=2")
-    record_figure("demo/tp2/vs-tp1", f"tensor parallelism: gate, bf16, TP=2 vs TP=1 ({n} held-out gates)", result)
+    fp32, same, merged = (demo_references[name][:n] for name in ("fp32", "same", "merged"))
+    bounds = no_further_from_fp32(two, one, fp32, same, merged, name="TP=2")
+    record_figure("demo/tp2/vs-tp1", f"tensor parallelism: gate, {demo_shared.config.dtype}, TP=2 vs TP=1 "
+                  f"({n} held-out gates)", result)
     record_figure("demo/tp2/bounds", "tensor parallelism: TP=2 no further from HF fp32 than TP=1, plus the "
                   "merge's move (figure, bound)", bounds)
     assert len(result.mix_a) == 3 and result.flips == 0, result
