@@ -115,9 +115,12 @@ ITEMS: tuple[Item, ...] = (
     Item("fidelity", "fidelity and tensor-parallel tests with their figures (tiny and demo models), as the suite "
          "runs engines", 25, _pytest(*FIDELITY_TESTS), "file", DEMO, env={**SUITE_LAYOUT, **FIGURES_ENV},
          ok_codes=(0, 1)),
-    Item("fidelity-emulated", "the same with bf16 computed as a CPU without AMX or AVX-512 BF16 would "
-         "(GATEHEAD_TEST_CPU_ISA=avx512)", 35, _pytest(*FIDELITY_TESTS), "file", DEMO,
+    Item("fidelity-emulated", "the same as a CPU with AVX-512F and no bf16 computes (GATEHEAD_TEST_CPU_ISA=avx512): "
+         "dtype auto runs fp32 there", 35, _pytest(*FIDELITY_TESTS), "file", DEMO,
          env={**SUITE_LAYOUT, **FIGURES_ENV, "GATEHEAD_TEST_CPU_ISA": "avx512"}, ok_codes=(0, 1)),
+    Item("fidelity-avx2", "the same as an AVX2 CPU without AVX-512 computes (GATEHEAD_TEST_CPU_ISA=avx2): "
+         "dtype auto runs fp32 there, and the fp32 rules are judged", 25, _pytest(*FIDELITY_TESTS), "file", DEMO,
+         env={**SUITE_LAYOUT, **FIGURES_ENV, "GATEHEAD_TEST_CPU_ISA": "avx2"}, ok_codes=(0, 1)),
     Item("soak", "the comparing soak: a real server under mixed load and faults for 600 s, then each request alone",
          13, _pytest("tests/integration/server/test_soak.py"), "file", DEMO,
          env={**SUITE_LAYOUT, **FIGURES_ENV, "GATEHEAD_SOAK_SECONDS": "600"}, ok_codes=(0, 1)),
@@ -461,7 +464,11 @@ def _figure_cell(value) -> str:
 
 
 def _bf16_path(e: dict) -> str:
-    emulated = e["results"].get("cpu_isa") == "avx512"
+    isa, dtype = e["results"].get("cpu_isa"), e["results"].get("dtype")  # dtype: recorded since dtype auto
+    if isa in ("avx512", "avx2") and dtype == "float32":
+        kind = {"avx512": "AVX-512F", "avx2": "AVX2"}[isa]
+        return f"fp32 as an {kind} CPU (on a {e['machine']['bf16']} host)"
+    emulated = isa == "avx512"
     return f"emulated bf16 (on a {e['machine']['bf16']} host)" if emulated else f"bf16 by {e['machine']['bf16']}"
 
 

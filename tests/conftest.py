@@ -127,8 +127,8 @@ def _update_figures(change: Callable[[dict], None]) -> None:
         fcntl.flock(handle, fcntl.LOCK_EX)
         handle.seek(0)
         text = handle.read()
-        data = json.loads(text) if text.strip() else {"cpu_isa": gatehead_cpu_isa.requested(), "figures": {},
-                                                      "tests": {}}
+        data = json.loads(text) if text.strip() else {"cpu_isa": gatehead_cpu_isa.requested(), "dtype": HOST_DTYPE,
+                                                      "figures": {}, "tests": {}}
         change(data)
         handle.seek(0)
         handle.truncate()

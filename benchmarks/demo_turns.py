@@ -1,0 +1,107 @@
+"""The demo as a user meets it: time to ready, the first turn, then each gate and each answered turn.
+
+Run by hand: `python -m gatehead.benchmarks.demo_turns [--dtype auto|bfloat16|float32] [--no-warm-up]
+[--runs 3] [--out FILE]`. Each run starts the engine as `gatehead demo` does (the demo model and gate,
+eager, 256 MiB of KV), opens the demo index, and asks the scripted demo questions (`gatehead demo`'s)
+in their threads, twice over: the first pass's first turn is what a user waits for after start, and
+every later turn is timed as it comes. Per run: seconds to ready (engine start and, unless
+`--no-warm-up`, `SharedEngine.warm_up`), the first gate and first turn, and the medians of the gate
+call (every gate node) and of the answered turns after the first; then medians of the runs with their
+spread. `--no-warm-up` measures the engine as it was before warm-up existed. The dtype line and the
+CPU kind say what ran (runtime/dtype.py). Writes JSON; asserts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from gatehead.runtime.dtype import KIND_NAMES, cpu_kind, dtype_reason
+
+
+def _median_spread(values: list[float]) -> dict[str, float]:
+    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3), "max": round(max(values), 3)}
+
+
+def _gate_seconds(result) -> list[float]:
+    return [t["seconds"] for t in result.timings if t["node"] == "gate"]
+
+
+async def _session(engine, store, warm_up: bool, started: float) -> dict:
+    from gatehead.agent import Agent, AgentConfig
+    from gatehead.agent.checkpoint import open_checkpointer
+    from gatehead.cli.agent import DEMO_QUESTIONS
+
+    if warm_up:
+        await engine.warm_up()
+    ready = time.perf_counter() - started
+    turns, gates = [], []
+    run = uuid.uuid4().hex[:8]
+    async with open_checkpointer(":memory:") as saver:
+        agent = Agent(engine, store, AgentConfig(), saver)
+        for repeat in range(2):
+            for thread, question in DEMO_QUESTIONS:
+                began = time.perf_counter()
+                result = await agent.ask(question, f"bench-{run}-{repeat}-{thread}")
+                turns.append((time.perf_counter() - began, result.decision))
+                gates += _gate_seconds(result)
+    first_turn, first_gate = turns[0][0], gates[0]
+    answered = [seconds for seconds, decision in turns[1:] if decision == "answer"]
+    return {"ready_seconds": round(ready, 2), "first_gate_seconds": round(first_gate, 3),
+            "first_turn_seconds": round(first_turn, 3), "gate_median_seconds": round(statistics.median(gates[1:]), 3),
+            "answered_turn_median_seconds": round(statistics.median(answered), 3),
+            "first_gate_over_next_five": round(first_gate / statistics.median(gates[1:6]), 2),
+            "turns": len(turns), "answered_turns": len(answered) + (turns[0][1] == "answer")}
+
+
+def one_run(dtype: str, warm_up: bool) -> dict:
+    from gatehead.demo import ADAPTER_DIR, MODEL_DIR
+    from gatehead.demo.index import CORPUS, demo_store_config
+    from gatehead.retrieval.store import open_store
+    from gatehead.runtime.engine import EngineConfig, SharedEngine
+
+    store = open_store(demo_store_config(), (CORPUS,), log=lambda m: print(m, file=sys.stderr))
+    try:
+        started = time.perf_counter()
+        engine = SharedEngine(EngineConfig(model=MODEL_DIR, adapter=ADAPTER_DIR, enforce_eager=True,
+                                           kv_cache_memory_bytes=256 << 20, dtype=dtype))
+        try:
+            figures = asyncio.run(_session(engine, store, warm_up, started))
+        finally:
+            engine.shutdown()
+    finally:
+        store.close()
+    return {"dtype": engine.config.dtype, **figures}
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # stdout carries the JSON
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
+    parser.add_argument("--no-warm-up", action="store_true", help="start as before SharedEngine.warm_up existed")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--out", type=Path, help="write the JSON here too")
+    args = parser.parse_args(argv)
+    runs = [one_run(args.dtype, not args.no_warm_up) for _ in range(args.runs)]
+    keys = [k for k, v in runs[0].items() if isinstance(v, float)]
+    result = {"command": " ".join(["python -m gatehead.benchmarks.demo_turns", *(argv or sys.argv[1:])]),
+              "cpu": KIND_NAMES[cpu_kind()], "emulated_kind": os.environ.get("GATEHEAD_TEST_CPU_ISA", "native"),
+              "dtype": dtype_reason(runs[0]["dtype"]), "warm_up": not args.no_warm_up,
+              "medians": {k: _median_spread([r[k] for r in runs]) for k in keys}, "runs": runs}
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
