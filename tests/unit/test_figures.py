@@ -129,11 +129,15 @@ def test_recorded_test_figures_reach_an_envelope_and_its_table(record_figure, mo
     envelope = {"item": "fidelity", "command": "pytest ...", "date": "2026-12-03T10:00:00Z", "results": data,
                 "machine": {"cpus": 2, "bf16": "AVX-512 BF16"}}
     envelope["results"]["tests"] = {"tests/a.py::one": "passed", "tests/a.py::two": "failed"}
+    envelope["results"].update(cpu_isa="native", dtype="bfloat16")  # as measured on the host, whatever this one is
     emulated = json.loads(json.dumps(envelope))
-    emulated["results"]["cpu_isa"] = "avx512"
+    emulated["results"].update(cpu_isa="avx512", dtype=None)  # emulated bf16: before dtype auto, no dtype recorded
     del emulated["results"]["figures"]["tiny/bounds"]
-    table = figures.ENVELOPE_VIEWS["tests-tiny"]([envelope, emulated])
+    as_avx2 = json.loads(json.dumps(emulated))
+    as_avx2["results"].update(cpu_isa="avx2", dtype="float32")  # dtype auto as an AVX2 CPU
+    table = figures.ENVELOPE_VIEWS["tests-tiny"]([envelope, emulated, as_avx2])
     assert "tests 1 failed, 1 passed" in table and "emulated bf16 (on a AVX-512 BF16 host)" in table
+    assert "bf16 by AVX-512 BF16" in table and "fp32 as an AVX2 CPU (on a AVX-512 BF16 host)" in table
     rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines() if line.startswith("| ")}
     assert "0 of 64 requests differ" in rows["answer stability"]
     assert "3 of 64 requests differ" in rows["negative control"] and "**fails**" in rows["negative control"]
