@@ -162,6 +162,13 @@ def threads_table(figures: dict) -> str:
     return markdown_table(["setup"] + [f"turn {i + 1}" for i in range(turns)] + [f"gate ms, turns 1-{turns}"], rows)
 
 
+def _dtype_line(figures: dict) -> str:
+    """What the setups computed in: the config's dtype where recorded (since dtype auto), else bf16."""
+    bf16 = figures.get("machine", {}).get("bf16")
+    dtype = figures.get("config", {}).get("dtype", "bfloat16")
+    return f"bf16 by {bf16}" if dtype == "bfloat16" else f"{dtype}, bf16 {bf16} on this CPU"
+
+
 def readme_tables(figures: dict) -> str:
     """The README's summary of one `gatehead bench` results file (the README's figure blocks render this)."""
     from gatehead.evals.run import table as markdown_table
@@ -171,7 +178,7 @@ def readme_tables(figures: dict) -> str:
     minutes = figures.get("seconds", 0) / 60
     took = f"{int(minutes // 60)} h {round(minutes % 60)} min" if minutes >= 60 else f"{minutes:.0f} min"
     header = (f"`{figures['command']}`: {figures.get('date', '')[:10]}, {m.get('cpus')} cores "
-              f"(bf16 by {m.get('bf16')}), {took}. Medians over {figures['config']['runs']} runs, (min-max) of "
+              f"({_dtype_line(figures)}), {took}. Medians over {figures['config']['runs']} runs, (min-max) of "
               "the run-by-run ratios:")
     levels = sorted({int(k.removeprefix("single_c")) for s in setups.values() for k in s if k.startswith("single_")})
     parts = [header]

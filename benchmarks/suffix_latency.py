@@ -1,8 +1,8 @@
 """One gate request on a long, already-cached conversation: a prompt-mode gate against a suffix-mode gate.
 
 Run by hand: `python -m gatehead.benchmarks.suffix_latency [--tokens N] [--out FILE]` (the demo model and
-its two gates, `demo/adapter` and `demo/adapter-suffix`, each on its own shared engine, eager, bf16, CPU
-is fine; nothing else should run on the machine). A gate prompt of about `--tokens` tokens (a question
+its two gates, `demo/adapter` and `demo/adapter-suffix`, each on its own shared engine, eager, in the
+host's dtype: bf16 where native, else fp32; CPU is fine; nothing else should run on the machine). A gate prompt of about `--tokens` tokens (a question
 over many demo passages) is gated once, which fills the prefix cache, then gated again `--runs` times
 alone: a prompt-mode gate recomputes the whole prompt through all N layers and the branch over every row
 (it may not read the cache), a suffix-mode gate reads every whole block before its suffix and computes

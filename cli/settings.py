@@ -84,6 +84,14 @@ def apply_environment(args: argparse.Namespace, settings: Sequence[Setting],
 
 # ----- the table --------------------------------------------------------------------------------
 
+
+def dtype(value: str) -> str:
+    """A dtype the commands run (their references and exports take bf16 and fp32 only)."""
+    if value not in ("auto", "bfloat16", "float32"):
+        raise ValueError(f"{value!r}: choose auto, bfloat16 or float32")
+    return value
+
+
 MODEL = (
     Setting("--model", "base model directory (default: GATEHEAD_MODEL, else the demo model)", environment=False),
     Setting("--adapter", "gate adapter directory (default: GATEHEAD_ADAPTER, else the demo's)", environment=False),
@@ -91,7 +99,7 @@ MODEL = (
     Setting("--kv-mb", "KV-cache memory in MiB (default: 256)", type=int, default=256),
     Setting("--max-model-len", "context window (default: the model's)", type=int),
     Setting("--dtype", "auto (bf16 where the CPU or GPU computes it, fp32 where bf16 would be emulated), "
-            "bfloat16, float32 or float16", default="auto", metavar="auto|bfloat16|float32|float16"),
+            "bfloat16 or float32", type=dtype, default="auto", metavar="auto|bfloat16|float32"),
 )
 
 AGENT = (

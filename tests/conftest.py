@@ -268,11 +268,6 @@ def gatehead_cli() -> str:
 
 # The dtype engines run on this host when nobody names one (dtype "auto", runtime/dtype.py): bf16 where the
 # CPU computes it, fp32 where it would emulate it. Fidelity rules are judged in that dtype; a bf16 rule on a
-# host that runs fp32 is skipped with this reason, never loosened.
+# host that runs fp32 is skipped with the reason, never loosened.
 HOST_DTYPE = resolve_dtype("auto")
 
-
-@pytest.fixture(scope="session")
-def host_dtype() -> str:
-    """"bfloat16" where this CPU computes bf16, else "float32": what engines started with dtype auto run."""
-    return HOST_DTYPE

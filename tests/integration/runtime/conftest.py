@@ -69,8 +69,8 @@ def references(model_dir, adapter_dir, gates: Sequence[Sequence[int]],
     return {"fp32": fp32, "same": same, "merged": merged}
 
 
-def against_fp32(probs: np.ndarray, tiny: TinyModel,
-                 gates: Sequence[Sequence[int]]) -> tuple[Agreement, Agreement, int]:
+def against_fp32(probs: np.ndarray, tiny: TinyModel, gates: Sequence[Sequence[int]],
+                 dtype: str = HOST_DTYPE) -> tuple[Agreement, Agreement, int]:
     """(the engine vs a reference one step more precise than its dtype, HF in that dtype vs the same reference,
     the factor the floor is allowed): the engine's distance from the truth and a correct computation's.
 
@@ -79,9 +79,9 @@ def against_fp32(probs: np.ndarray, tiny: TinyModel,
     HF's MKL ones block their sums differently, and the engine measured 1.4x HF's distance (qwen2, AVX2
     emulated: 6.0e-6 against 4.2e-6), so it is allowed twice HF's, as two roundings of one gate; a wrong
     branch moves a gate by 1e-3 and more."""
-    precise = "float32" if HOST_DTYPE == "bfloat16" else "float64"
+    precise = "float32" if dtype == "bfloat16" else "float64"
     truth = HFReference(tiny.model_dir, tiny.adapter_dir, precise).gate_probs(gates)
-    same = HFReference(tiny.model_dir, tiny.adapter_dir, HOST_DTYPE).gate_probs(gates)
+    same = HFReference(tiny.model_dir, tiny.adapter_dir, dtype).gate_probs(gates)
     thresholds = tiny.adapter.spec.thresholds
     return agreement(probs, truth, thresholds), agreement(same, truth, thresholds), 1 if precise == "float32" else 2
 

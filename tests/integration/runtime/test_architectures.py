@@ -31,7 +31,7 @@ def test_stability_and_agreement(arch_engines, loop, fp32_judge) -> None:
     print(f"{arch} mixed stability: {stability}")
     assert stability.passed, stability
     gates = [shared.prompts.build(r.question, r.passages, r.conversation).gate for r in synthetic_requests(256, 3)]
-    engine, floor, factor = fp32_judge(loop.run(shared_gate_probs(shared, gates)), tiny, gates)
+    engine, floor, factor = fp32_judge(loop.run(shared_gate_probs(shared, gates)), tiny, gates, shared.config.dtype)
     print(f"{arch} shared vs the reference: {engine}\n{arch} HF {shared.config.dtype} vs the reference: {floor}")
     # A random adapter is judged on |dp| (DESIGN): the engine's gate is no further from the more precise
     # reference than HF's own gate in the host's dtype (twice that in fp32: `against_fp32`). Flip counts are

@@ -41,7 +41,7 @@ def test_gate_matches_the_hf_reference(shared_eager: SharedEngine, loop, tiny: T
     outcomes = loop.run(shared_eager.gate_many([(q, DOCS) for q in questions]))
     engine_all = np.array([[o.result.probs[k] for k in ("answer", "refuse", "search")] for o in outcomes])
     prompts = [o.prompt.gate for o in outcomes]
-    vs_truth, floor, factor = fp32_judge(engine_all, tiny, prompts)
+    vs_truth, floor, factor = fp32_judge(engine_all, tiny, prompts, shared_eager.config.dtype)
     assert np.abs(engine_all[0] - engine_probs).max() == 0  # the same question, the same probabilities
     assert vs_truth.max_dp <= factor * floor.max_dp, (vs_truth, floor, factor)
     forced = loop.run(shared_eager.gate("How long is the warranty?", DOCS, thresholds=Thresholds(0.0, 0.0)))

@@ -164,19 +164,20 @@ async def send(client: httpx.AsyncClient, req: Request, headers: dict, disconnec
     return 200, text
 
 
-async def pressure(engine, seconds: float) -> int:
-    """KV pressure the test makes: 8 generations at a time that run 256 tokens past their end of turn.
+async def pressure(engine, soaking: threading.Event) -> int:
+    """KV pressure the test makes while the soak runs: 8 generations at a time that run 256 tokens past their
+    end of turn.
 
     Sent to the engine directly (not through the server's guard: a model made to talk past its end
     loops, which the guard would rightly stop); together they outgrow the cache, so the scheduler
     preempts them and the soak's requests. Returns how many ran.
     """
     prompt = engine.prompts.chat([("user", "Describe every product you know, one by one, in detail.")])
-    ends, done = time.monotonic() + seconds, 0
+    done = 0
 
     async def one() -> None:
         nonlocal done
-        while time.monotonic() < ends:
+        while soaking.is_set():
             await engine.generate(prompt, max_tokens=256, ignore_eos=True)
             done += 1
 
@@ -217,12 +218,17 @@ def test_soak_compares_every_completed_request_with_it_alone(live: LiveServer, r
     services = live.services
     pool = request_pool(live.config.base_name)
     before = live.on_loop(services.engine.stats())
-    pressing = asyncio.run_coroutine_threadsafe(pressure(services.engine, SOAK_SECONDS), live.server.loop)
-    tally = asyncio.run(soak(live.url, pool, SOAK_SECONDS))
+    soaking = threading.Event()
+    soaking.set()
+    pressing = asyncio.run_coroutine_threadsafe(pressure(services.engine, soaking), live.server.loop)
+    try:
+        tally = asyncio.run(soak(live.url, pool, SOAK_SECONDS))
+    finally:
+        soaking.clear()
     pressed = pressing.result(120)
     time.sleep(2)  # the last aborted requests leave the engine's queues
     after = live.on_loop(services.engine.stats())
-    record_figure("soak/load", f"the soak: {CLIENTS} clients for {SOAK_SECONDS:.0f} s",
+    record_figure("soak/load", f"the soak: {CLIENTS} clients for {tally.seconds:.0f} s",
                   {"soak_seconds": SOAK_SECONDS, "ran_seconds": round(tally.seconds, 1), "clients": CLIENTS,
                    "outcomes": tally.outcomes,
                    "completed": len(tally.completed), "preemptions": after["preemptions"] - before["preemptions"],

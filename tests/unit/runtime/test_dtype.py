@@ -49,6 +49,7 @@ def test_cuda_runs_bf16(monkeypatch) -> None:
 
 def test_an_explicit_bf16_runs_where_it_is_emulated_and_warns(cpu, caplog) -> None:
     cpu("avx2")
+    dtype._warn_emulated.cache_clear()  # once per process: this test must see it
     with caplog.at_level(logging.WARNING, logger="gatehead.runtime.dtype"):
         assert EngineConfig(model="m", dtype="bfloat16").dtype == "bfloat16"
     assert "emulated" in caplog.text and "dtype=auto runs fp32" in caplog.text
