@@ -2,12 +2,13 @@
 
 Run by hand: `python -m gatehead.benchmarks.suffix_latency [--tokens N] [--out FILE]` (the demo model and
 its two gates, `demo/adapter` and `demo/adapter-suffix`, each on its own shared engine, eager, in the
-host's dtype: bf16 where native, else fp32; CPU is fine; nothing else should run on the machine). A gate prompt of about `--tokens` tokens (a question
-over many demo passages) is gated once, which fills the prefix cache, then gated again `--runs` times
-alone: a prompt-mode gate recomputes the whole prompt through all N layers and the branch over every row
-(it may not read the cache), a suffix-mode gate reads every whole block before its suffix and computes
-the suffix rows only. Writes one JSON object: per gate, each run's seconds, their median and spread,
-and the prompt tokens read from the cache; the ratio of the medians.
+host's dtype: bf16 where native, else fp32; CPU is fine; nothing else should run on the machine). A gate
+prompt of about `--tokens` tokens (a question over many demo passages) is gated once, which fills the
+prefix cache, then gated again `--runs` times alone: a prompt-mode gate recomputes the whole prompt
+through all N layers and the branch over every row (it may not read the cache), a suffix-mode gate
+reads every whole block before its suffix and computes the suffix rows only. Writes one JSON object:
+per gate, each run's seconds, their median and spread, and the prompt tokens read from the cache; the
+ratio of the medians.
 """
 
 from __future__ import annotations
