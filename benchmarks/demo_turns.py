@@ -23,6 +23,7 @@ import time
 import uuid
 from pathlib import Path
 
+from gatehead.demo import ADAPTER_DIR, MODEL_DIR
 from gatehead.runtime.dtype import KIND_NAMES, cpu_kind, dtype_reason
 
 
@@ -62,7 +63,6 @@ async def _session(engine, store, warm_up: bool, started: float) -> dict:
 
 
 def one_run(dtype: str, warm_up: bool) -> dict:
-    from gatehead.demo import ADAPTER_DIR, MODEL_DIR
     from gatehead.demo.index import CORPUS, demo_store_config
     from gatehead.retrieval.store import open_store
     from gatehead.runtime.engine import EngineConfig, SharedEngine
@@ -91,9 +91,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     runs = [one_run(args.dtype, not args.no_warm_up) for _ in range(args.runs)]
     keys = [k for k, v in runs[0].items() if isinstance(v, float)]
+    from datetime import datetime, timezone
+
+    from gatehead.evals.run import _commit, machine
+    from gatehead.figures import fingerprint  # sha256 of the folders, as figures' envelopes record them
+    from gatehead.runtime import cpu_setup
+
     result = {"command": " ".join(["python -m gatehead.benchmarks.demo_turns", *(argv or sys.argv[1:])]),
+              "commit": _commit(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "machine": machine(),
+              "fingerprints": {"model": fingerprint(MODEL_DIR), "adapter": fingerprint(ADAPTER_DIR)},
               "cpu": KIND_NAMES[cpu_kind()], "emulated_kind": os.environ.get("GATEHEAD_TEST_CPU_ISA", "native"),
               "dtype": dtype_reason(runs[0]["dtype"]), "warm_up": not args.no_warm_up,
+              "preload": cpu_setup.libraries() if os.environ.get(cpu_setup.VARIABLE, "1") not in ("0", "false", "no")
+              else [],
               "medians": {k: _median_spread([r[k] for r in runs]) for k in keys}, "runs": runs}
     text = json.dumps(result, indent=2)
     print(text)
