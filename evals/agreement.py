@@ -88,6 +88,18 @@ def fidelity_bounds(shared: np.ndarray, dedicated: np.ndarray, fp32: np.ndarray,
             **no_further_from_fp32(shared, dedicated, fp32, same, merged)}
 
 
+def fidelity_references(model, adapter, gates: Sequence[Sequence[int]], dtype: str) -> dict[str, np.ndarray]:
+    """The HF references `fidelity_bounds` takes, for engines running `dtype`: `fp32` (the reference), `same`
+    (HF bf16; in fp32, where HF is the reference itself, HF fp64, fp32's own rounding) and `merged` (HF in
+    `dtype` with the LoRA merged, as the dedicated engine holds it)."""
+    from gatehead.gate.reference import HFReference
+
+    fp32 = HFReference(model, adapter, "float32").gate_probs(gates)
+    same = HFReference(model, adapter, "float64" if dtype == "float32" else dtype).gate_probs(gates)
+    merged = HFReference(model, adapter, dtype, merged=True).gate_probs(gates)
+    return {"fp32": fp32, "same": same, "merged": merged}
+
+
 async def shared_gate_probs(engine: SharedEngine, prompts: Sequence[Sequence[int]],
                             mixed_generations: Sequence[Sequence[int]] = (), max_tokens: int = 16) -> np.ndarray:
     """Gate probabilities [n, 3] from the shared engine, with generations running in the same batches."""
@@ -123,14 +135,13 @@ def run_agreement(config, m: int = 256, out=None, work_dir=None):
     from gatehead.evals.run import Outcome, table
     from gatehead.evals.stability import build_prompts, prompt_builder
     from gatehead.gate.adapter import load_gate_adapter
-    from gatehead.gate.reference import HFReference
     from gatehead.runtime.dedicated import export_dedicated
 
     adapter = load_gate_adapter(config.adapter, config.model)
     window = config.max_model_len or 2048
     builder, _ = prompt_builder(config.model, config.adapter, window)
     gates, generations = build_prompts(builder, m, 3, "gate"), build_prompts(builder, min(m, 64), 4, "answer")
-    progress = tqdm(total=5, desc="agreement: gates from each engine", unit="engine")
+    progress = tqdm(total=3, desc="agreement: gates from each engine and HF", unit="step")
     engine = SharedEngine(config)
     try:
         shared = asyncio.run(shared_gate_probs(engine, gates, generations))
@@ -144,14 +155,9 @@ def run_agreement(config, m: int = 256, out=None, work_dir=None):
         dedicated = dedicated_gate_probs(export, gates, adapter.spec.labels, dtype=config.dtype,
                                          enforce_eager=config.enforce_eager, max_model_len=window, **kv)
     progress.update()
-    fp32 = HFReference(config.model, config.adapter, "float32").gate_probs(gates)
-    progress.update()
-    # A correct computation's noise in the engines' dtype: HF bf16 where they run bf16; in fp32, where HF is the
-    # reference itself, HF fp64 (fp32's own rounding). `merged`: HF in that dtype with the LoRA merged.
+    refs = fidelity_references(config.model, config.adapter, gates, config.dtype)
+    fp32, same, merged = refs["fp32"], refs["same"], refs["merged"]
     run = "bf16" if config.dtype == "bfloat16" else "fp32"
-    same = HFReference(config.model, config.adapter, "float64" if run == "fp32" else config.dtype).gate_probs(gates)
-    progress.update()
-    merged = HFReference(config.model, config.adapter, config.dtype, merged=True).gate_probs(gates)
     progress.update()
     progress.close()
     thresholds = adapter.spec.thresholds

@@ -225,12 +225,9 @@ def demo_references(demo_gates) -> dict[str, Any]:
     (tests/integration/runtime/conftest.py, `references`): `fp32`, `same` (HF bf16; on an fp32 host HF fp64)
     and `merged` (HF in the host's dtype with the LoRA merged, as the dedicated engine holds it)."""
     from gatehead.demo import ADAPTER_DIR, MODEL_DIR
-    from gatehead.gate.reference import HFReference
+    from gatehead.evals.agreement import fidelity_references
 
-    same = "float64" if HOST_DTYPE == "float32" else HOST_DTYPE
-    return {name: HFReference(MODEL_DIR, ADAPTER_DIR, dtype, merged=merged).gate_probs(demo_gates)
-            for name, dtype, merged in (("fp32", "float32", False), ("same", same, False),
-                                        ("merged", HOST_DTYPE, True))}
+    return fidelity_references(MODEL_DIR, ADAPTER_DIR, demo_gates, HOST_DTYPE)
 
 
 def demo_engine(gate: bool) -> Iterator:

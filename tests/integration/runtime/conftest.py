@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gatehead.evals.agreement import Agreement, agreement, fidelity_bounds
+from gatehead.evals.agreement import Agreement, agreement, fidelity_bounds, fidelity_references
 from gatehead.gate.reference import HFReference
 from gatehead.runtime.dtype import resolve_dtype
 from gatehead.runtime.engine import EngineConfig, SharedEngine
@@ -58,15 +58,8 @@ def engines(tiny: TinyModel) -> Iterator[Callable[..., SharedEngine]]:
 
 def references(model_dir, adapter_dir, gates: Sequence[Sequence[int]],
                dtype: str = HOST_DTYPE) -> dict[str, np.ndarray]:
-    """The HF references of the gate on `gates` that the fidelity bounds take (`evals.agreement.fidelity_bounds`):
-    `fp32` (the reference) and two measures of the noise of a correct computation in the engines' dtype. In bf16:
-    `same` HF bf16 and `merged` HF bf16 with the LoRA merged (one reordering of the same sums). In fp32, where
-    HF is the reference itself: `same` HF fp64, so that fp32's own rounding is measured, and `merged` HF fp32
-    with the LoRA merged."""
-    fp32 = HFReference(model_dir, adapter_dir, "float32").gate_probs(gates)
-    same = HFReference(model_dir, adapter_dir, "float64" if dtype == "float32" else dtype).gate_probs(gates)
-    merged = HFReference(model_dir, adapter_dir, dtype, merged=True).gate_probs(gates)
-    return {"fp32": fp32, "same": same, "merged": merged}
+    """`evals.agreement.fidelity_references` in the host's dtype unless told: `fp32`, `same`, `merged`."""
+    return fidelity_references(model_dir, adapter_dir, gates, dtype)
 
 
 def against_fp32(probs: np.ndarray, tiny: TinyModel, gates: Sequence[Sequence[int]],
