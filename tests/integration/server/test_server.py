@@ -326,13 +326,19 @@ def test_a_stream_past_its_deadline_ends_with_an_error_event_and_frees_the_engin
         if error["code"] == 504 and story_content(chunks):
             break
     assert error["code"] == 504 and story_content(chunks), chunks[-1]  # tokens came first, then the deadline
-    with server.client.stream("POST", "/v1/agent/chat", json={"message": "What is the price of the GW-960?",
-                                                              "thread_id": "late", "stream": True},
-                              headers={**AUTH, "X-Gatehead-Timeout": "0.3"}) as response:
-        assert response.status_code == 200
-        events = [line[7:] for line in response.iter_lines() if line.startswith("event: ")]
-    assert events[0] == "node" and events[-1] == "error" and "final" not in events
-    assert metric(server, "gatehead_deadline_exceeded_total") == before + timeouts + 1
+    # An agent turn on the tiny model once finished inside 0.3 s on a fast host (CI, AVX-512 BF16): a turn
+    # that ends with `final` is not the case under test, so the deadline is halved and the turn asked again.
+    for seconds in ("0.3", "0.15", "0.08", "0.04"):
+        with server.client.stream("POST", "/v1/agent/chat", json={"message": "What is the price of the GW-960?",
+                                                                  "thread_id": "late", "stream": True},
+                                  headers={**AUTH, "X-Gatehead-Timeout": seconds}) as response:
+            assert response.status_code == 200
+            events = [line[7:] for line in response.iter_lines() if line.startswith("event: ")]
+        timeouts += "error" in events
+        if "final" not in events:
+            break
+    assert events[0] == "node" and events[-1] == "error" and "final" not in events, events
+    assert metric(server, "gatehead_deadline_exceeded_total") == before + timeouts
     eventually(lambda: only_this_request_runs(server))
     # The cut turn released its thread: the next turn on it runs (and first finishes the cut one).
     assert server.post("/v1/agent/chat", {"message": STRATA, "thread_id": "late"}).status_code == 200
