@@ -101,8 +101,12 @@ def _relative(path: str | None, root: Path) -> str | None:
 
 
 def handwritten_texts() -> frozenset[str]:
-    """The questions typed by hand (`demo/handwritten.jsonl`): a test set, never trained on or chosen by."""
-    return frozenset(row["question"] for row in _read_jsonl(HANDWRITTEN))
+    """The questions and thread messages typed by hand (`demo/handwritten.jsonl`,
+    `demo/threads-handwritten.jsonl`): test sets, never trained on or chosen by."""
+    from gatehead.demo.threads import THREADS
+
+    messages = [turn["message"] for row in _read_jsonl(THREADS) for turn in row["turns"]]
+    return frozenset([row["question"] for row in _read_jsonl(HANDWRITTEN)] + messages)
 
 
 def training_records(data_dir: Path, phrasings: bool, split: str = "train") -> list[dict]:

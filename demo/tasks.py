@@ -154,6 +154,98 @@ def synthetic_examples(kb: KnowledgeBase, questions: Sequence[Question], r: rand
     return out
 
 
+# Follow-ups as people type them: about the same product, in everyday words where an attribute has them.
+_CASUAL = {"price": ["how much is it", "and what does it cost?", "price?", "how much does it cost then"],
+           "weight": ["how heavy is it", "and the weight?", "what does it weigh"],
+           "warranty": ["whats the warranty on it", "and the warranty?", "how long is it covered"],
+           "colour": ["what colour is it", "and the colour?", "which color does it come in"]}
+_ABOUT = ["and its {attr}?", "what about its {attr}", "how about the {attr}?", "and the {attr}?", "whats its {attr}",
+          "ok and {attr}?", "What is its {attr}?", "{attr}?"]
+_SWITCH = ["and the {name}?", "what about the {name}?", "how about {name}", "ok and the {name}", "same for the {name}?",
+           "And the {name}?", "what about {name} then"]
+_AFTER_REFUSAL = ["ok, what does it cost then?", "fine. how heavy is it?", "ok and its warranty?",
+                  "what colour is it then"]
+_AFTER_REFUSAL_ATTR = ("price", "weight", "warranty", "colour")
+_OFF_TOPIC = ["who won the world cup in 2018?", "whats the capital of canada", "how do i cook rice",
+              "what is the weather in bergen tomorrow?", "can you write me a poem about tents"]
+
+
+def _typed(name: str, r: random.Random) -> str:
+    """A product name as people type it: mostly as written, sometimes in lower case."""
+    return name.lower() if r.random() < 0.3 else name
+
+
+def conversation_examples(kb: KnowledgeBase, r: random.Random, count: int) -> list[LMExample]:
+    """Follow-ups of every kind the agent meets, each made standalone (the rewrite task) and answered.
+
+    One earlier exchange (a question about a product and its cited answer, or a refusal), then a
+    follow-up: about the same product by pronoun, about another product by name, about a product that
+    does not exist, after a refusal, off topic, by order code, or a question that needs no rewrite. The
+    standalone question keeps every name as the user typed it and never adds one; the answer reads the
+    conversation and the passages retrieved for the standalone question.
+    """
+    out: list[LMExample] = []
+    products = [p for p in kb.products if p.facts]
+    for _ in range(count):
+        product = r.choice(products)
+        spec = [f for f in product.facts if f.doc_id.startswith("products/")]
+        first = r.choice(spec)
+        gold = kb.by_id[first.doc_id]
+        asked = _CANONICAL.format(attr=first.attribute, name=_typed(product.name, r))
+        case = r.choice(("pronoun", "pronoun", "switch", "switch", "missing", "after-refusal", "off-topic", "code",
+                         "standalone"))
+        if case == "after-refusal":
+            conversation = (Turn("user", f"Who designed the {product.name}?"), Turn("assistant", REFUSAL))
+        else:
+            earlier = cited(first.value, (passage(gold),), f"{gold.doc_id}.md")
+            conversation = (Turn("user", asked), Turn("assistant", earlier))
+        target_fact, target_product = None, product
+        if case == "pronoun":
+            fact = r.choice([f for f in spec if f is not first] or spec)
+            follow_up = r.choice(_CASUAL.get(fact.attribute, []) + _ABOUT).format(attr=fact.attribute)
+            standalone, target_fact = _CANONICAL.format(attr=fact.attribute, name=product.name), fact
+        elif case == "switch":
+            other = r.choice([p for p in products if p is not product and p.category == product.category] or products)
+            typed = _typed(other.name, r)
+            follow_up = r.choice(_SWITCH).format(name=typed)
+            standalone = _CANONICAL.format(attr=first.attribute, name=typed)
+            target_product = other
+            target_fact = next((f for f in other.facts if f.attribute == first.attribute), None)
+        elif case == "missing":
+            noun = product.name.split(" ", 1)[1]
+            ghost = f"{r.choice(kb.ghosts).split(' ', 1)[0]} {noun}"
+            typed = _typed(ghost, r)
+            follow_up = r.choice(_SWITCH).format(name=typed)
+            standalone, target_product = _CANONICAL.format(attr=first.attribute, name=typed), None
+        elif case == "after-refusal":
+            i = r.randrange(len(_AFTER_REFUSAL))
+            follow_up, attribute = _AFTER_REFUSAL[i], _AFTER_REFUSAL_ATTR[i]
+            target_fact = next(f for f in product.facts if f.attribute == attribute)
+            standalone = _CANONICAL.format(attr=attribute, name=product.name)
+        elif case == "standalone":  # a question that needs no rewrite is left as it is
+            other = r.choice(products)
+            target_fact = r.choice([f for f in other.facts if f.doc_id.startswith("products/")])
+            follow_up = standalone = _CANONICAL.format(attr=target_fact.attribute, name=other.name)
+            target_product = other
+        elif case == "off-topic":
+            follow_up = standalone = r.choice(_OFF_TOPIC)
+            target_product = None
+        else:  # by order code: searched as typed; the notice then names the product
+            other = r.choice(products)
+            follow_up = r.choice(_SWITCH).format(name=other.code).replace("the ", "")
+            standalone, target_product = f"What is the {first.attribute} of {other.code}?", None
+        out.append(LMExample(REWRITE_SYSTEM, follow_up, (), standalone, conversation))
+        if target_fact is not None and target_product is not None:
+            docs = _context(kb, [kb.by_id[target_fact.doc_id]], set(), r, target_product.name)
+            reply = cited(target_fact.value, docs, f"{target_fact.doc_id}.md")
+        else:
+            docs = _context(kb, [], set(), r, product.name)
+            reply = REFUSAL
+        if case != "code":  # an order code's answer comes after a search (the templated data has those)
+            out.append(LMExample(ANSWER_SYSTEM, follow_up, docs, reply, conversation))
+    return out
+
+
 def training_examples(records: Sequence[dict], knowledge_bases: int, seed: int,
                       same_category: bool = False, wide_names: bool = False,
                       phrasings: bool = False, exclude: frozenset[str] = frozenset()) -> list[LMExample]:

@@ -1,0 +1,342 @@
+"""The demo's generator: a LoRA fine-tune of the pretrained base on `gatehead.demo.tasks`, and its exact merge.
+
+`finetune` trains a LoRA on every linear layer of the base (SmolLM2-135M-Instruct, `gatehead.demo.base`)
+on the demo's tasks: a short answer with its `[n]` citation, the refusal sentence, the standalone
+rewrite of a search question or a follow-up. Loss is on the reply alone (the base already reads).
+Prompts are laid out by `gatehead.gate.prompt`, exactly as the engine and the agent lay them out.
+`merge` folds the LoRA into the base once, at setup, in float64 with one rounding to fp32 and no
+reduction whose order a CPU could change, so every machine writes the same bytes (`MERGED_SHA256`
+pins them). `validate` measures the generator alone on validation rows (batched greedy decoding).
+Training needs PyTorch and PEFT only (CUDA if present); nothing here starts vLLM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import random
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from gatehead.demo import DEMO_DIR
+from gatehead.gate.adapter import DEFAULT_TARGET_MODULES
+
+GENERATOR_DIR = DEMO_DIR / "generator"  # the committed LoRA
+LORA_WEIGHTS = "adapter_model.safetensors"
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    """The generator's LoRA and its data."""
+
+    rank: int = 32
+    alpha: int = 64
+    dropout: float = 0.05
+    target_modules: tuple[str, ...] = DEFAULT_TARGET_MODULES
+    learning_rate: float = 3e-4
+    epochs: int = 2
+    batch_size: int = 32
+    warmup_steps: int = 100
+    weight_decay: float = 0.0
+    knowledge_bases: int = 30  # synthetic knowledge bases beside the labelled training split
+    conversations: int = 400  # follow-up exchanges per synthetic knowledge base (`conversation_examples`)
+    real_conversations: int = 3000  # follow-up exchanges over the training split's own products
+    seed: int = 0
+    max_steps: int | None = None  # stop early (smoke runs)
+    extra: dict = field(default_factory=dict)
+
+
+def _train_view(kb):
+    """The knowledge base as training may see it: training-split products and documents only, and products
+    that do not exist named with invented stems (the real ghost names are asked in held-out sets)."""
+    from gatehead.demo.kb import KnowledgeBase, invented_stems
+
+    ghosts = tuple(f"{stem} Lantern" for stem in invented_stems(random.Random("train-ghosts"), 20, True))
+    return KnowledgeBase(tuple(d for d in kb.docs if d.split == "train"),
+                         tuple(p for p in kb.products if p.split == "train"),
+                         tuple(p for p in kb.policies if p.split == "train"), ghosts, kb.seed)
+
+
+def examples(config: FinetuneConfig, data_dir: Path, smoke: bool = False) -> list:
+    """Every training example: labelled rows, synthetic knowledge bases and follow-up conversations."""
+    from gatehead.demo.build import SEED, handwritten_texts, training_records
+    from gatehead.demo.kb import build_kb, invented_stems
+    from gatehead.demo.tasks import conversation_examples, training_examples
+
+    records = training_records(data_dir, phrasings=True)[:40 if smoke else None]
+    bases = 1 if smoke else config.knowledge_bases
+    out = training_examples(records, bases, config.seed, same_category=True, wide_names=True, phrasings=True,
+                            exclude=handwritten_texts())
+    r = random.Random(f"conversations-{config.seed}")
+    for i in range(bases):  # the same synthetic knowledge bases `training_examples` drew, with their ghosts
+        stems = invented_stems(random.Random(f"{config.seed}-{i}"), 80, True)
+        kb = build_kb(seed=1000 + config.seed * 100 + i, products=40, stems=stems[:60], ghost_stems=stems[60:],
+                      policies=False)
+        out += conversation_examples(kb, r, 20 if smoke else config.conversations)
+    real = _train_view(build_kb(SEED))
+    out += conversation_examples(real, r, 20 if smoke else config.real_conversations)
+    r.shuffle(out)
+    return out
+
+
+def encode(items: Sequence, tokenizer, max_context: int) -> list[tuple[list[int], int]]:
+    from gatehead.demo.train import encode as encode_prompts
+
+    return encode_prompts(items, tokenizer, max_context)
+
+
+def finetune(base_dir: Path, out_dir: Path, config: FinetuneConfig, data_dir: Path | None = None,
+             smoke: bool = False, log=print) -> dict:
+    """Trains the generator's LoRA on `base_dir`; writes it (fp32) and `training.json` to `out_dir`."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gatehead.demo.build import DATA_DIR
+
+    started = time.time()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.manual_seed(config.seed)
+    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    items = examples(config, data_dir or DATA_DIR, smoke)
+    data = encode(items, tokenizer, 2048)
+    log(f"{len(data)} examples, {sum(len(ids) for ids, _ in data)} tokens")
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    lora = LoraConfig(r=config.rank, lora_alpha=config.alpha, lora_dropout=config.dropout,
+                      target_modules=list(config.target_modules), task_type="CAUSAL_LM")
+    model = get_peft_model(model, lora).to(device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
+    per_epoch = -(-len(data) // config.batch_size)
+    total = per_epoch * config.epochs if config.max_steps is None else config.max_steps
+
+    def lr_at(step: int) -> float:
+        if step < config.warmup_steps:
+            return (step + 1) / config.warmup_steps
+        return 0.5 * (1 + math.cos(math.pi * (step - config.warmup_steps) / max(1, total - config.warmup_steps)))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
+    pad = tokenizer.pad_token_id
+    r = random.Random(config.seed)
+    step, running, rows = 0, 0.0, []
+    model.train()
+    while step < total:
+        order = sorted(range(len(data)), key=lambda j: (len(data[j][0]), r.random()))
+        batches = [order[i:i + config.batch_size] for i in range(0, len(order), config.batch_size)]
+        r.shuffle(batches)
+        for idx in batches:
+            if step >= total:
+                break
+            length = max(len(data[j][0]) for j in idx)
+            ids = torch.full((len(idx), length), pad, dtype=torch.long)
+            labels = torch.full((len(idx), length), -100, dtype=torch.long)
+            mask = torch.zeros((len(idx), length), dtype=torch.long)
+            for row, j in enumerate(idx):
+                seq, start = data[j]
+                ids[row, :len(seq)] = torch.tensor(seq)
+                labels[row, start:len(seq)] = torch.tensor(seq[start:])
+                mask[row, :len(seq)] = 1
+            with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
+                loss = model(input_ids=ids.to(device), attention_mask=mask.to(device), labels=labels.to(device)).loss
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            scheduler.step()
+            running += loss.detach()
+            step += 1
+            if step % 100 == 0 or step == total:
+                mean = running.item() / (step % 100 or 100)
+                rows.append({"step": step, "loss": round(mean, 5), "seconds": round(time.time() - started, 1)})
+                log(f"step {step}/{total}  loss {mean:.4f}  {time.time() - started:.0f}s")
+                running = 0.0
+    model.eval()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.to("cpu", dtype=torch.float32).save_pretrained(out_dir)
+    config_file = out_dir / "adapter_config.json"
+    settings = json.loads(config_file.read_text())
+    settings["base_model_name_or_path"] = "smollm2-135m-instruct (gatehead.demo.base)"  # no path of this machine
+    config_file.write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
+    report = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu", "torch": torch.__version__,
+              "seconds": round(time.time() - started, 1), "config": asdict(config), "examples": len(data),
+              "steps": step, "log": rows}
+    (out_dir / "training.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def _lora_pairs(lora_dir: Path) -> tuple[dict[str, tuple], float]:
+    """{base weight name: (A [r, in], B [out, r])} of a PEFT LoRA, and its scale alpha / r."""
+    from safetensors.torch import load_file
+
+    settings = json.loads((lora_dir / "adapter_config.json").read_text())
+    tensors = load_file(str(lora_dir / LORA_WEIGHTS))
+    pairs: dict[str, tuple] = {}
+    for name, a in tensors.items():
+        if ".lora_A." not in name:
+            continue
+        target = name.replace("base_model.model.", "", 1).replace(".lora_A.weight", ".weight")
+        pairs[target] = (a, tensors[name.replace(".lora_A.", ".lora_B.")])
+    if len(pairs) * 2 != len(tensors):
+        raise ValueError(f"{lora_dir} holds tensors other than LoRA A/B pairs: it is not a plain LoRA")
+    return pairs, settings["lora_alpha"] / settings["r"]
+
+
+def merge(base_dir: Path, lora_dir: Path, out_dir: Path) -> str:
+    """`base + scale * B @ A` per adapted weight, written as a HF directory; returns the weights' sha256.
+
+    B @ A is summed rank by rank as outer products in float64, each an elementwise product and an
+    elementwise sum: no matrix multiply, whose blocking (and so rounding) differs between CPUs. Then
+    one rounding to fp32. The same bytes on every machine."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from gatehead.demo.base import WEIGHTS, sha256_file
+
+    weights = load_file(str(base_dir / WEIGHTS))
+    pairs, scale = _lora_pairs(lora_dir)
+    missing = set(pairs) - set(weights)
+    if missing:
+        raise ValueError(f"the LoRA adapts weights the base does not have: {sorted(missing)[:3]}")
+    for name, (a, b) in pairs.items():
+        a64, b64 = a.to(torch.float64), b.to(torch.float64)
+        delta = torch.zeros(b.shape[0], a.shape[1], dtype=torch.float64)
+        for i in range(a.shape[0]):
+            delta = delta + b64[:, i:i + 1] * a64[i:i + 1, :]
+        weights[name] = (weights[name].to(torch.float64) + delta * scale).to(torch.float32).contiguous()
+    staging = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    save_file(weights, str(staging / WEIGHTS), metadata={"format": "pt"})
+    for path in base_dir.iterdir():
+        if path.name not in (WEIGHTS, "provenance.json") and path.is_file():
+            shutil.copy(path, staging / path.name)
+    digest = sha256_file(staging / WEIGHTS)
+    record = {"base": json.loads((base_dir / "provenance.json").read_text()) if (base_dir / "provenance.json").exists()
+              else None, "generator_lora_sha256": sha256_file(lora_dir / LORA_WEIGHTS), "weights_sha256": digest}
+    (staging / "provenance.json").write_text(json.dumps(record, indent=2) + "\n")
+    shutil.rmtree(out_dir, ignore_errors=True)
+    staging.rename(out_dir)
+    return digest
+
+
+def _generate(model, tokenizer, prompts: Sequence[Sequence[int]], max_new: int = 40, batch: int = 64) -> list[str]:
+    """Greedy replies, batched with left padding."""
+    import torch
+
+    eos = tokenizer.eos_token_id
+    out: list[str] = []
+    device = next(model.parameters()).device
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    replies: dict[int, str] = {}
+    for start in range(0, len(order), batch):
+        idx = order[start:start + batch]
+        length = max(len(prompts[i]) for i in idx)
+        ids = torch.full((len(idx), length), tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(idx), length), dtype=torch.long)
+        for row, i in enumerate(idx):
+            ids[row, length - len(prompts[i]):] = torch.tensor(prompts[i])
+            mask[row, length - len(prompts[i]):] = 1
+        with torch.no_grad():
+            made = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_new,
+                                  do_sample=False, eos_token_id=eos, pad_token_id=tokenizer.pad_token_id)
+        for row, i in enumerate(idx):
+            new = made[row, length:].tolist()
+            replies[i] = tokenizer.decode(new[:new.index(eos)] if eos in new else new, skip_special_tokens=True)
+    out = [replies[i] for i in range(len(prompts))]
+    return out
+
+
+def validate(model_dir: Path, data_dir: Path | None = None, split: str = "val", conversations: int = 300) -> dict:
+    """The generator alone on `split`'s labelled rows (gold decisions): answer exact match, refusals,
+    search rewrites, and follow-ups over `split`'s own products (rewrite exact match, answer exact match)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from gatehead.agent.prompts import ANSWER_SYSTEM, REFUSAL, REWRITE_SYSTEM
+    from gatehead.demo.build import DATA_DIR, SEED, _read_jsonl
+    from gatehead.demo.kb import KnowledgeBase, build_kb
+    from gatehead.demo.tasks import conversation_examples, normalize
+    from gatehead.gate.adapter import DEFAULT_SUFFIX
+    from gatehead.gate.data import parse_example
+    from gatehead.gate.prompt import PromptBuilder, PromptConfig
+
+    data_dir = data_dir or DATA_DIR
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
+    builders = {system: PromptBuilder(tokenizer, DEFAULT_SUFFIX, PromptConfig(max_context=2048, system=system))
+                for system in (ANSWER_SYSTEM, REWRITE_SYSTEM)}
+    figures: dict[str, dict] = {}
+    for name, file in (("template", f"{split}.jsonl"), ("phrased", f"phrased-{split}.jsonl")):
+        rows = _read_jsonl(data_dir / file)
+        parsed = [(row, parse_example(row, f"{name}:{i}")) for i, row in enumerate(rows)]
+        answerable = [(r, e) for r, e in parsed if e.label == "answer"]
+        refusing = [(r, e) for r, e in parsed if e.label == "refuse"]
+        searching = [(r, e) for r, e in parsed if e.label == "search"]
+        prompts = [builders[ANSWER_SYSTEM].build(e.question, e.passages).answer for _, e in answerable + refusing]
+        prompts += [builders[REWRITE_SYSTEM].build(e.question, e.passages).answer for _, e in searching]
+        replies = _generate(model, tokenizer, prompts)
+        a, f = len(answerable), len(refusing)
+        rewritten = [normalize(x) == normalize(r["rewrite"])
+                     for x, (r, _) in zip(replies[a + f:], searching, strict=True)]
+        hits = [normalize(x) == normalize(r["answer"]) for x, (r, _) in zip(replies[:a], answerable, strict=True)]
+        cites = ["[" in x for x in replies[:a]]
+        figures[name] = {"answerable": a, "answer_exact_match": sum(hits) / max(a, 1),
+                         "cited": sum(cites) / max(a, 1),
+                         "refused_on_refuse": sum(x.strip() == REFUSAL for x in replies[a:a + f]) / max(f, 1),
+                         "rewrite_exact_match": sum(rewritten) / max(len(rewritten), 1),
+                         "misses": [{"q": r["question"], "gold": r["answer"], "got": x} for x, (r, _), ok in
+                                    zip(replies[:a], answerable, strict=True) if not ok][:12]}
+    kb = build_kb(SEED)
+    view = KnowledgeBase(tuple(d for d in kb.docs if d.split == split),
+                         tuple(p for p in kb.products if p.split == split), (), kb.ghosts, kb.seed)
+    follow = conversation_examples(view, random.Random(f"validate-{split}"), conversations)
+    prompts = [builders[e.system].build(e.question, e.passages, e.conversation).answer for e in follow]
+    replies = _generate(model, tokenizer, prompts)
+    rewrites = [(e, x) for e, x in zip(follow, replies, strict=True) if e.system == REWRITE_SYSTEM]
+    answers = [(e, x) for e, x in zip(follow, replies, strict=True) if e.system == ANSWER_SYSTEM]
+    figures["follow_ups"] = {
+        "rewrites": len(rewrites),
+        "rewrite_exact_match": sum(normalize(x) == normalize(e.target) for e, x in rewrites) / max(len(rewrites), 1),
+        "answers": len(answers),
+        "answer_exact_match": sum(normalize(x) == normalize(e.target) for e, x in answers) / max(len(answers), 1),
+        "rewrite_misses": [{"q": e.question, "turns": [t.text for t in e.conversation], "gold": e.target, "got": x}
+                           for e, x in rewrites if normalize(x) != normalize(e.target)][:12]}
+    return figures
+
+
+def sha256_dir(path: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(path.iterdir()) if p.is_file()}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gatehead.demo.finetune", description=__doc__.splitlines()[0])
+    parser.add_argument("stage", choices=["train", "merge", "validate"])
+    parser.add_argument("--base", type=Path, help="the base directory (default: gatehead.demo.base's)")
+    parser.add_argument("--out", type=Path, default=GENERATOR_DIR, help="train: the LoRA's directory")
+    parser.add_argument("--merged", type=Path, help="merge: where the merged model goes; validate: the model")
+    parser.add_argument("--config", default="{}", help="train: FinetuneConfig fields as JSON")
+    parser.add_argument("--smoke", action="store_true")
+    args = parser.parse_args(argv)
+    if args.stage == "train":
+        from gatehead.demo.base import ensure_base
+
+        base = args.base or ensure_base()
+        report = finetune(base, args.out, FinetuneConfig(**json.loads(args.config)), smoke=args.smoke)
+        print(json.dumps({k: report[k] for k in ("seconds", "examples", "steps")}))
+    elif args.stage == "merge":
+        from gatehead.demo.base import ensure_base
+
+        print(merge(args.base or ensure_base(), args.out, args.merged))
+    else:
+        print(json.dumps(validate(args.merged), indent=2, ensure_ascii=False))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
