@@ -76,6 +76,13 @@ def _eval(args: argparse.Namespace) -> int:
         from gatehead.evals.kv import run_kv
 
         return run_eval("kv", settings, lambda out: run_kv(config, out), args.out, args.ledger)
+    if args.eval == "threads":
+        from gatehead.evals.threads import run_threads
+
+        store = store_config(args) if (args.store or args.url) else None
+        return run_eval("threads", settings, lambda out: run_threads(config, out, args.threads, store,
+                                                                     args.concurrency, args.min_right),
+                        args.out, args.ledger)
     from gatehead import demo
     from gatehead.evals.dataset import run_dataset
 
@@ -91,7 +98,7 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def add_parsers(commands) -> None:
-    p = commands.add_parser("eval", help="evals judged by evals/RULES.md: stability, agreement, kv, dataset")
+    p = commands.add_parser("eval", help="evals judged by evals/RULES.md: stability, agreement, kv, dataset, threads")
     evals = p.add_subparsers(dest="eval", required=True, metavar="EVAL")
     e = evals.add_parser("stability", help="answer stability of the shared engine vs stock vLLM")
     e.add_argument("-n", type=int, default=64, help="generation requests (default 64)")
@@ -116,6 +123,16 @@ def add_parsers(commands) -> None:
     e.add_argument("--limit", type=int, help="the first N questions only")
     e.add_argument("--concurrency", type=int, default=8, help="questions in flight")
     e.add_argument("--min-accuracy", type=float, help="fail below this gate accuracy")
+    _eval_arguments(e)
+    e = evals.add_parser("threads", help="hand-written threads through the whole agent (a test set: read once)")
+    e.add_argument("--threads", type=Path, help="threads JSONL (default: demo/threads-handwritten.jsonl)")
+    where = e.add_mutually_exclusive_group()
+    where.add_argument("--store", metavar="DIR", help="an existing embedded store (default: the demo index, "
+                       "built in the run's folder)")
+    where.add_argument("--url", help="an existing Qdrant server instead (API key from QDRANT_API_KEY)")
+    e.add_argument("--collection", help="collection in --store or --url")
+    e.add_argument("--concurrency", type=int, default=4, help="threads in flight")
+    e.add_argument("--min-right", type=float, help="fail below this rate of right values on answerable turns")
     _eval_arguments(e)
     e = evals.add_parser("convert-squad", help="SQuAD 2.0-style JSON -> corpus.jsonl + questions.jsonl")
     e.add_argument("squad", type=Path)
