@@ -114,7 +114,7 @@ def run_eval(name: str, settings: dict[str, Any], body: Callable[[Path], Outcome
     seconds = round(time.perf_counter() - started, 1)
     verdict = "pass" if outcome.passed else "fail"
     try:  # the verdict reaches the ledger even if writing the reports fails
-        result = {"eval": name, "verdict": verdict, "seconds": seconds, "settings": settings,
+        result = {"eval": name, "verdict": verdict, "seconds": seconds, "commit": entry["commit"], "settings": settings,
                   "machine": entry["machine"], "versions": entry["versions"], **outcome.result}
         (out / "result.json").write_text(json.dumps(result, indent=2, ensure_ascii=False, default=str) + "\n",
                                          encoding="utf-8")
