@@ -1,13 +1,15 @@
 """The agent as a LangGraph graph: wiring and routing only (the nodes are `gatehead.agent.nodes`).
 
     begin -> [contextualize] -> retrieve -> gate -+-> generate ----------------> finish
-                                   ^              +-> refusal -----------------> finish
-                                   |              +-> rewrite (searches left) -> retrieve
-                                   |              +-> not_found (none left) ----> finish
-                                   +-- retrieve fails -> failed (the turn ends with the error, no answer)
+      |                            ^              +-> refusal -----------------> finish
+      |                            |              +-> rewrite (searches left) -> retrieve
+      |                            |              +-> not_found (none left) ----> finish
+      |                            +-- retrieve fails -> failed (the turn ends with the error, no answer)
+      +-> clarify (a first question pointing back at nothing) -----------------> finish
 
-`contextualize` runs on follow-up turns only: it makes the question standalone for retrieval. The
-graph persists through any LangGraph checkpointer (`gatehead.agent.checkpoint`); every run passes an
+`contextualize` runs on follow-up turns only: it makes the question standalone for retrieval. A
+thread's first question that points back ("And its weight?") is asked back (`clarify`). The graph
+persists through any LangGraph checkpointer (`gatehead.agent.checkpoint`); every run passes an
 `AgentContext` (`context=`), which `Agent` (`gatehead.agent.turns`) builds with threads, streaming and
 resumption around it.
 """
@@ -21,13 +23,17 @@ from langgraph.runtime import Runtime
 from gatehead.agent import nodes
 from gatehead.agent.context import AgentContext, Engine
 from gatehead.agent.prompts import REWRITE_SYSTEM
+from gatehead.agent.rewrites import refers_back
 from gatehead.agent.state import AgentConfig, AgentState
 from gatehead.gate.prompt import PromptBuilder, PromptConfig
 
 
-def after_begin(state: AgentState) -> Literal["contextualize", "retrieve"]:
-    """A follow-up is made standalone first; a thread's first question goes to retrieval as it is."""
-    return "contextualize" if state["history"] else "retrieve"
+def after_begin(state: AgentState) -> Literal["clarify", "contextualize", "retrieve"]:
+    """A follow-up is made standalone first; a thread's first question goes to retrieval as it is, unless it
+    points back at something never said: then it is asked back."""
+    if state["history"]:
+        return "contextualize"
+    return "clarify" if refers_back(state["question"]) else "retrieve"
 
 
 def after_retrieve(state: AgentState) -> Literal["failed", "gate"]:
@@ -51,16 +57,16 @@ def build_graph(checkpointer=None):
 
     graph = StateGraph(AgentState, context_schema=AgentContext)
     graph.add_node("begin", nodes.begin)
-    for name in ("contextualize", "retrieve", "gate", "generate", "refusal", "rewrite", "not_found", "finish",
-                 "failed"):
+    for name in ("clarify", "contextualize", "retrieve", "gate", "generate", "refusal", "rewrite", "not_found",
+                 "finish", "failed"):
         graph.add_node(name, nodes.timed(name, getattr(nodes, name)))
     graph.add_edge(START, "begin")
-    graph.add_conditional_edges("begin", after_begin, ["contextualize", "retrieve"])
+    graph.add_conditional_edges("begin", after_begin, ["clarify", "contextualize", "retrieve"])
     graph.add_edge("contextualize", "retrieve")
     graph.add_conditional_edges("retrieve", after_retrieve, ["failed", "gate"])
     graph.add_conditional_edges("gate", after_gate, ["generate", "refusal", "rewrite", "not_found"])
     graph.add_edge("rewrite", "retrieve")
-    for name in ("generate", "refusal", "not_found"):
+    for name in ("clarify", "generate", "refusal", "not_found"):
         graph.add_edge(name, "finish")
     graph.add_edge("finish", END)
     graph.add_edge("failed", END)

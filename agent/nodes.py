@@ -17,7 +17,9 @@ from typing import Any
 from langgraph.runtime import Runtime
 
 from gatehead.agent.context import AgentContext, Engine
-from gatehead.agent.prompts import NOT_FOUND, REFUSAL
+from gatehead.agent.grounding import grounded, is_refusal
+from gatehead.agent.prompts import CLARIFY, NOT_FOUND, REFUSAL
+from gatehead.agent.rewrites import joined_question, rewrite_problem
 from gatehead.agent.state import AgentState, Decision, as_passage, turns_of
 from gatehead.errors import InvalidInput
 from gatehead.gate.policy import Thresholds
@@ -92,17 +94,30 @@ async def begin(state: AgentState, runtime: Runtime[AgentContext]) -> dict:
     question = state.get("question", "")
     if not isinstance(question, str) or not question.strip():
         raise InvalidInput("the question is empty")
-    return {"queries": None, "gates": None, "timings": None, "searches": 0, "decision": "", "answer": "",
-            "finish_reason": "stop", "error": "", "passages": [], "dropped": {}, "standalone": question,
-            "ask": question, "history": state.get("history") or []}
+    return {"queries": None, "gates": None, "timings": None, "rewrite_fallbacks": None, "searches": 0,
+            "decision": "", "answer": "", "refusal_reason": "", "grounded": None, "finish_reason": "stop",
+            "error": "", "passages": [], "dropped": {}, "standalone": question, "ask": question,
+            "history": state.get("history") or []}
+
+
+async def clarify(state: AgentState, runtime: Runtime[AgentContext]) -> dict:
+    """A first question that points back at nothing ("And its weight?") is asked back, not guessed."""
+    return {"answer": CLARIFY, "decision": "clarify"}
 
 
 async def contextualize(state: AgentState, runtime: Runtime[AgentContext]) -> dict:
-    """A follow-up made standalone for retrieval."""
+    """A follow-up made standalone for retrieval; a rewrite that fails its check (`rewrite_problem`) gives
+    way to the thread's last question joined with this one."""
     ctx = runtime.context
     prompt = ctx.rewriter.build(state["question"], (), turns_of(state["history"]))
     out = await ctx.engine.generate(prompt.answer, max_tokens=ctx.config.max_rewrite_tokens, cache_salt=ctx.cache_salt)
-    return {"standalone": out.text.strip() or state["question"]}
+    text = out.text.strip()
+    reason = rewrite_problem(text, state["question"], state["history"])
+    if reason is None:
+        return {"standalone": text}
+    used = joined_question(state["question"], state["history"])
+    return {"standalone": used,
+            "rewrite_fallbacks": [{"node": "contextualize", "rewrite": text, "used": used, "reason": reason}]}
 
 
 async def retrieve(state: AgentState, runtime: Runtime[AgentContext]) -> dict:
@@ -140,21 +155,33 @@ async def generate(state: AgentState, runtime: Runtime[AgentContext]) -> dict:
             runtime.stream_writer({"token": out.text[len(text):]})
             text = out.text
         cached, finish, tokens = out.num_cached_tokens, out.finish_reason, len(out.token_ids)
-    return {"answer": text.strip(), "decision": "answer", "finish_reason": finish or "stop",
+    answer = text.strip()
+    # The reported decision is what the user got: the model may refuse where the gate said answer.
+    said = ({"decision": "refuse", "refusal_reason": "generated"} if is_refusal(answer)
+            else {"decision": "answer", "grounded": grounded(answer, prompt.passages)})
+    return {"answer": answer, **said, "finish_reason": finish or "stop",
             "_timing": {"ttft": round(first or 0.0, 6), "cached_tokens": cached, "answer_tokens": tokens,
                         "prompt_tokens": len(prompt.answer)}}
 
 
 async def refusal(state: AgentState, runtime: Runtime[AgentContext]) -> dict:
-    return {"answer": REFUSAL, "decision": "refuse"}
+    return {"answer": REFUSAL, "decision": "refuse", "refusal_reason": "gate"}
 
 
 async def rewrite(state: AgentState, runtime: Runtime[AgentContext]) -> dict:
-    """The question rewritten for another search, from what the last retrieval found."""
+    """The question rewritten for another search, from what the last retrieval found; a rewrite that fails its
+    check (`rewrite_problem`, which allows the passages' names) gives way to the query it had."""
     ctx = runtime.context
-    prompt = ctx.rewriter.build(state["ask"], [as_passage(p) for p in state["passages"]], turns_of(state["history"]))
+    passages = [as_passage(p) for p in state["passages"]]
+    prompt = ctx.rewriter.build(state["ask"], passages, turns_of(state["history"]))
     out = await ctx.engine.generate(prompt.answer, max_tokens=ctx.config.max_rewrite_tokens, cache_salt=ctx.cache_salt)
-    return {"ask": out.text.strip() or state["ask"], "searches": state.get("searches", 0) + 1}
+    text, searches = out.text.strip(), state.get("searches", 0) + 1
+    sources = [state["question"], *(f"{p.title}\n{p.text}" for p in passages)]
+    reason = rewrite_problem(text, state["ask"], state["history"], sources=sources, keep_names=False)
+    if reason is None:
+        return {"ask": text, "searches": searches}
+    return {"ask": state["ask"], "searches": searches,
+            "rewrite_fallbacks": [{"node": "rewrite", "rewrite": text, "used": state["ask"], "reason": reason}]}
 
 
 async def not_found(state: AgentState, runtime: Runtime[AgentContext]) -> dict:

@@ -10,7 +10,7 @@ from gatehead.gate.policy import Decision, Thresholds
 from gatehead.gate.prompt import Passage, Turn
 
 __all__ = ["AgentConfig", "AgentEvent", "AgentState", "Decision", "Outcome", "TurnResult", "as_passage", "turns_of"]
-Outcome = Literal["answer", "refuse", "not_found", "error"]  # how a turn ends
+Outcome = Literal["answer", "refuse", "not_found", "clarify", "error"]  # how a turn ends
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,9 @@ class AgentState(TypedDict, total=False):
     searches: int  # rewrites done this turn
     decision: Outcome | Literal[""]  # "" until the turn ends
     answer: str
+    refusal_reason: Literal["", "gate", "generated"]  # a refusal's origin: the gate's decision, or the model's words
+    grounded: bool | None  # an answer's check against its cited passages (`gatehead.agent.grounding`); else None
+    rewrite_fallbacks: Annotated[list[dict], _log]  # rewrites not used: node, rewrite, used, reason
     finish_reason: str  # why the answer ended: "stop", or "length" at the token budget
     dropped: dict  # what the context budget left out of the last gate prompt: turns, passage sources
     timings: Annotated[list[dict], _log]  # per node run: node, seconds (+ ttft, cached and answer tokens for generate)
@@ -95,10 +98,18 @@ class TurnResult:
     timings: list[dict]  # per node run, in order: node, seconds (+ ttft, cached_tokens, answer_tokens for generate)
     error: str = ""
     finish_reason: str = "stop"  # "length" when the answer stopped at its token budget
+    refusal_reason: str = ""  # for decision "refuse": "gate" (the gate refused) or "generated" (the model did)
+    grounded: bool | None = None  # for decision "answer": whether its citations point at passages that carry it
+    rewrite_fallbacks: list[dict] = field(default_factory=list)  # model rewrites not used: node, rewrite, used, reason
 
     @property
     def sources(self) -> list[str]:
         return [p.source for p in self.passages]
+
+    @property
+    def generated(self) -> bool:
+        """Whether the answer is the model's (its tokens were streamed), not a sentence the agent says itself."""
+        return any(t["node"] == "generate" for t in self.timings)
 
     @property
     def probs(self) -> dict[str, float]:
@@ -118,7 +129,8 @@ class TurnResult:
                    gates=list(state.get("gates") or []), queries=list(state.get("queries") or []),
                    passages=passages, dropped=dict(state.get("dropped") or {}),
                    timings=list(state.get("timings") or []), error=state.get("error", ""),
-                   finish_reason=state.get("finish_reason") or "stop")
+                   finish_reason=state.get("finish_reason") or "stop", refusal_reason=state.get("refusal_reason", ""),
+                   grounded=state.get("grounded"), rewrite_fallbacks=list(state.get("rewrite_fallbacks") or []))
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,8 @@ def _probs(probs: dict[str, float]) -> str:
 def format_turn(result: TurnResult) -> str:
     """The turn as the CLI prints it: the question, each retrieval and gate call, the answer and timings."""
     lines = [f"> {result.question}"]
+    for fallback in result.rewrite_fallbacks:
+        lines.append(f"  not used:   {fallback['rewrite']!r} ({fallback['node']}: {fallback['reason']})")
     if result.standalone != result.question:
         lines.append(f"  standalone: {result.standalone}")
     for i, query in enumerate(result.queries):
@@ -29,7 +31,10 @@ def format_turn(result: TurnResult) -> str:
     if result.dropped.get("turns") or result.dropped.get("passages"):
         lines.append(f"  dropped:    {len(result.dropped.get('turns', []))} earlier turns, "
                      f"passages {result.dropped.get('passages', [])} (context budget)")
-    lines.append(f"  decision:   {result.decision}")
+    decision = result.decision + (f" ({result.refusal_reason})" if result.refusal_reason else "")
+    if result.grounded is not None:
+        decision += ", grounded in the cited passage" if result.grounded else ", NOT grounded in the cited passage"
+    lines.append(f"  decision:   {decision}")
     lines.append(f"  answer:     {result.answer}")
     generate = [t for t in result.timings if t["node"] == "generate"]
     if generate:

@@ -85,6 +85,9 @@ def _chat(args: argparse.Namespace) -> int:
 
 def _print_chat_event(event) -> None:
     """Gate calls and searches as notes, the answer as it streams, then its sources (or the error)."""
+    if event.kind == "node" and event.data.get("rewrite_fallbacks"):  # a model rewrite its check turned down
+        fallback = event.data["rewrite_fallbacks"][-1]
+        print(f"  [rewrite {fallback['rewrite']!r} not used: {fallback['reason']}]", flush=True)
     if event.kind == "node" and event.node == "gate":
         gate = event.data["gates"][-1]
         probs = " ".join(f"{k}={v:.2f}" for k, v in gate["probs"].items())
@@ -101,10 +104,13 @@ def _print_chat_event(event) -> None:
         result = event.result
         if result.error:
             print(f"error: {result.error}")
-        elif result.decision == "answer":
-            print(f"\n  [sources: {', '.join(result.sources)}]")
-        else:
+        elif not result.generated:  # a refusal, NOT_FOUND or a question back: said, not streamed
             print(f"gatehead> {result.answer}")
+        elif result.decision == "refuse":  # the model refused where the gate said answer
+            print("\n  [refused by the model]")
+        else:
+            grounding = "" if result.grounded else "; not grounded in the cited passage"
+            print(f"\n  [sources: {', '.join(result.sources)}{grounding}]")
 
 
 def _demo(args: argparse.Namespace) -> int:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import get_args
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from gatehead.agent.state import Outcome
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _PROBABILITY = tuple(i / 10 for i in range(1, 11))
@@ -31,6 +34,8 @@ class Metrics:
         self.probability = Histogram("gatehead_gate_probability", "gate probabilities by class", ["label"],
                                      buckets=_PROBABILITY, registry=registry)
         self.turns = Counter("gatehead_agent_turns", "agent turns by final decision", ["decision"], registry=registry)
+        for outcome in get_args(Outcome):  # every decision shows, at 0 until a turn ends with it
+            self.turns.labels(outcome)
         self.inflight = Gauge("gatehead_inflight_requests", "API requests in flight", registry=registry)
         self.shed = Counter("gatehead_shed_requests", "requests shed with 503 at the in-flight limit",
                             registry=registry)

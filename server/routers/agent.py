@@ -64,7 +64,10 @@ async def _events(services: Services, tenant: Tenant, message: str, key: str, pu
 
 
 def _payload(result, public_thread: str) -> dict:
+    """The turn as the API reports it: `decision` is what the user got (a refusal the model wrote is "refuse",
+    `refusal_reason` "generated"); `grounded` is null for any decision but "answer"."""
     return {"thread_id": public_thread, "answer": result.answer, "decision": result.decision,
+            "refusal_reason": result.refusal_reason or None, "grounded": result.grounded,
             "probabilities": result.probs, "gates": result.gates, "queries": result.queries,
             "sources": result.sources, "passages": [asdict(p) for p in result.passages],
-            "dropped": result.dropped, "error": result.error or None}
+            "dropped": result.dropped, "rewrite_fallbacks": result.rewrite_fallbacks, "error": result.error or None}

@@ -108,8 +108,7 @@ async def _agent_turn(request: Request, services: Services, salt: str | None, co
     services.record_turn(result)
     if result.error:
         return error_response(502, result.error, "retrieval_error")
-    return completion.whole(result.answer, _finish(result.finish_reason), None,
-                            {"decision": result.decision, "gates": result.gates, "sources": result.sources})
+    return completion.whole(result.answer, _finish(result.finish_reason), None, _gatehead(result))
 
 
 def _streaming(request: Request, services: Services, chunks: AsyncIterator[str]) -> StreamingResponse:
@@ -145,10 +144,9 @@ async def _agent_chunks(services: Services, completion: Completion, question: st
                 if result.error:  # no answer: an error event, as OpenAI streams report errors
                     yield openai_error(502, "retrieval_error", result.error, {})
                     return
-                if result.decision != "answer" and result.answer:  # a refusal is said, not generated
+                if not result.generated and result.answer:  # a refusal or a question back is said, not streamed
                     yield completion.chunk({"content": result.answer})
-                extra = {"decision": result.decision, "gates": result.gates, "sources": result.sources}
-                yield completion.chunk({}, _finish(result.finish_reason), extra)
+                yield completion.chunk({}, _finish(result.finish_reason), _gatehead(result))
         yield DONE
     finally:
         with anyio.CancelScope(shield=True):  # a gone client's stream is cancelled: the delete must still run
@@ -201,6 +199,12 @@ def _text(content: str | list[dict[str, Any]] | None) -> str:
             raise ApiError(400, "only text content parts are supported")
         parts.append(part["text"])
     return "".join(parts)
+
+
+def _gatehead(result) -> dict:
+    """The turn's own fields beside the OpenAI ones: the decision the user got, and how it came about."""
+    return {"decision": result.decision, "refusal_reason": result.refusal_reason or None, "grounded": result.grounded,
+            "gates": result.gates, "sources": result.sources, "rewrite_fallbacks": result.rewrite_fallbacks}
 
 
 def _finish(reason: str | None) -> str:

@@ -1,5 +1,6 @@
 // gatehead's chat page: streams agent turns from POST /v1/agent/chat (server-sent events over fetch)
-// and shows each turn's gate decision, its three probabilities and its sources. No build step.
+// and shows each turn's decision, the gate's three probabilities, its sources, and a marker on an answer that
+// its cited passage does not carry. No build step.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -58,8 +59,15 @@ function showGate(item, turn) {
   const gate = element("div", "gate");
   const decision = turn.decision || "error";
   const badge = element("span", `badge ${decision}`, decision.replace("_", " "));
-  badge.setAttribute("aria-label", `gate decision: ${decision}`);
+  badge.setAttribute("aria-label", `decision: ${decision}`);
   gate.append(badge);
+  // The decision is what the user got: a refusal the model wrote after the gate said answer says so.
+  if (turn.refusal_reason === "generated") gate.append(element("span", "note", "the model refused"));
+  if (turn.grounded === false) {
+    const warning = element("span", "ungrounded", "not grounded in the cited passage");
+    warning.setAttribute("role", "note");
+    gate.append(warning);
+  }
   for (const label of ["answer", "refuse", "search"]) {
     const p = (turn.probabilities || {})[label];
     if (p === undefined) continue;

@@ -115,11 +115,12 @@ def test_demo_runs_the_agent_over_scripted_questions(tmp_path: Path) -> None:
     assert len(turns) == 7
     strata, warranty, by_code, ghost, world, typed, task = turns
     assert "gate:       answer" in strata and "answer:     €64 [1]" in strata
+    assert "decision:   answer, grounded in the cited passage" in strata  # €64 is in the passage [1] names
     assert "reused from the gate's prefill" in strata
     assert "standalone: What is the warranty of the Strata Headlamp?" in warranty and "2 years [1]" in warranty
     assert "gate:       search" in by_code and "rewritten:  What is the price of the Strata Headlamp?" in by_code
     assert by_code.count("gate:") == 2 and "answer:     €64 [1]" in by_code
-    assert "gate:       refuse" in ghost and "decision:   refuse" in ghost
+    assert "gate:       refuse" in ghost and "decision:   refuse (gate)" in ghost
     assert "decision:   refuse" in world  # out of scope for this knowledge base
     assert "gate:       answer" in typed and "answer:     920 g [1]" in typed  # a held-out phrasing family
     assert "decision:   refuse" in task
@@ -142,6 +143,7 @@ def test_chat_then_ask_continue_one_thread(tmp_path: Path) -> None:
     turn = json.loads(ask.stdout)
     assert turn["thread_id"] == thread and "Strata Headlamp" in turn["standalone"]  # read the earlier turns
     assert turn["decision"] in ("answer", "refuse", "not_found") and turn["sources"]
+    assert (turn["grounded"] is None) == (turn["decision"] != "answer")  # checked for an answer only
     assert set(turn["gates"][0]["probs"]) == {"answer", "refuse", "search"}
     bad = subprocess.run([GATEHEAD, "ask", "  ", "--max-searches", "-1"], capture_output=True, text=True,
                          timeout=120, cwd=tmp_path)

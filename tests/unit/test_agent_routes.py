@@ -11,7 +11,8 @@ import asyncio
 import pytest
 
 from gatehead.agent import Agent, AgentConfig, Engine
-from gatehead.agent.prompts import NOT_FOUND, REFUSAL
+from gatehead.agent.prompts import CLARIFY, NOT_FOUND, REFUSAL
+from gatehead.agent.transcript import format_turn
 from gatehead.errors import InvalidInput
 from gatehead.testing import ScriptedStore as Store
 
@@ -99,3 +100,71 @@ def test_an_engine_without_a_gate_adapter_is_refused(engine) -> None:
     e.prompts = None
     with pytest.raises(ValueError, match="needs an engine started with a gate adapter"):
         Agent(e, Store())
+
+
+@pytest.mark.parametrize(("rewrite", "reason"), [
+    ("How much does the Summit Tent weigh?", "names Summit, Tent"),  # a product nobody named
+    ("And how heavy is the Valen Lantern?", "names Valen"),  # a name misspelt into another
+    (REFUSAL, "a refusal"),
+    ("The warranty lasts two years [1].", "an earlier answer"),  # the previous answer
+    ("2 years [1]", "cites passages ([1])"),
+])
+def test_a_follow_ups_rewrite_that_fails_its_check_gives_way_to_the_joined_questions(engine, rewrite, reason) -> None:
+    e, store = engine("answer", "answer", rewrite=rewrite), Store()
+    agent = Agent(e, store)
+    first = ask(agent, "How long is the Vale Lantern's warranty?")
+    second = ask(agent, "And how heavy is it?")
+    joined = "How long is the Vale Lantern's warranty? And how heavy is it?"
+    assert second.standalone == joined and store.queries[-1] == joined and second.queries == [joined]
+    assert [{**f, "reason": f["reason"][:len(reason)]} for f in second.rewrite_fallbacks] == [
+        {"node": "contextualize", "rewrite": rewrite, "used": joined, "reason": reason}]
+    assert first.rewrite_fallbacks == [] and f"not used:   {rewrite!r} (contextualize: {reason}" in format_turn(second)
+
+
+def test_a_search_rewrite_that_fails_its_check_keeps_the_query_it_had(engine) -> None:
+    question = "How long is the GW-960's warranty?"
+    e, store = engine("search", "answer", rewrite="warranty of the Summit Tent"), Store()
+    result = ask(Agent(e, store), question)
+    assert store.queries == [question, question] == result.queries and e.calls[2][1]["question"] == question
+    assert result.rewrite_fallbacks == [{"node": "rewrite", "rewrite": "warranty of the Summit Tent", "used": question,
+                                         "reason": "names Summit, Tent, which neither the conversation nor the "
+                                                   "question gives"}]
+    # The passages' names are allowed: the scripted rewrite names the Vale Lantern, which the passage gives.
+    assert ask(Agent(engine("search", "answer"), Store()), question).rewrite_fallbacks == []
+
+
+def test_a_first_question_that_points_back_at_nothing_is_asked_back(engine) -> None:
+    e, store = engine("answer"), Store()
+    agent = Agent(e, store)
+    result = ask(agent, "And its weight?")
+    assert (result.decision, result.answer, result.grounded) == ("clarify", CLARIFY, None)
+    assert nodes(result) == ["clarify", "finish"] and e.calls == [] and store.queries == []
+    assert [t.text for t in asyncio.run(agent.history("thread"))] == ["And its weight?", CLARIFY]
+    named = ask(agent, "The Vale Lantern.")  # the answer to the question back is a follow-up of the thread
+    assert nodes(named)[:2] == ["contextualize", "retrieve"] and named.decision == "answer"
+    assert ask(Agent(engine(), Store()), "And the Vale Lantern's weight?").decision == "answer"  # it names one
+
+
+def test_a_refusal_the_model_writes_is_reported_as_a_refusal(engine) -> None:
+    e = engine("answer", answer=REFUSAL)
+    result = ask(Agent(e, Store()), "How long is the Vale Lantern's warranty?")
+    assert (result.decision, result.refusal_reason, result.grounded) == ("refuse", "generated", None)
+    assert result.gates[-1]["decision"] == "answer" and result.answer == REFUSAL and result.generated
+    assert "decision:   refuse (generated)" in format_turn(result)
+    gated = ask(Agent(engine("refuse"), Store()), "Write me a poem")
+    assert (gated.decision, gated.refusal_reason, gated.generated) == ("refuse", "gate", False)
+    answered = ask(Agent(engine("answer"), Store()), "How long is the Vale Lantern's warranty?")
+    assert (answered.decision, answered.refusal_reason) == ("answer", "")
+
+
+@pytest.mark.parametrize(("answer", "grounded"), [
+    ("The warranty lasts two years [1].", True), ("A 2-year warranty [1].", True),
+    ("A 5-year warranty [1].", False),  # not the passage's value
+    ("A 2-year warranty [2].", False),  # one passage was kept: [2] points at nothing
+    ("A 2-year warranty.", False),  # no citation
+])
+def test_an_answer_is_flagged_when_its_cited_passage_does_not_carry_it(engine, answer, grounded) -> None:
+    result = ask(Agent(engine("answer", answer=answer), Store()), "How long is the Vale Lantern's warranty?")
+    assert (result.decision, result.grounded) == ("answer", grounded)
+    assert result.to_dict()["grounded"] is grounded
+    assert ("NOT grounded in the cited passage" in format_turn(result)) is not grounded

@@ -294,3 +294,53 @@ def test_openai_agent_turns_leave_no_thread_behind_and_failures_check_the_canari
     assert len(threads) == 1 and next(iter(threads)).endswith(":kept")  # the one-off threads were deleted
     assert healthy == 0 and failed.status_code == 500 and sse(stream.text)[-1][1]["code"] == 500
     assert pokes == 2  # once for the 500, once for the stream that failed after its 200
+
+
+def test_every_route_reports_the_decision_the_user_got_and_whether_the_answer_is_grounded(service, engine) -> None:
+    from gatehead.agent.prompts import CLARIFY, REFUSAL
+
+    def openai(question: str, stream: bool = False) -> dict:
+        return {"model": "gatehead-agent", "messages": [{"role": "user", "content": question}], "stream": stream}
+
+    async def turns(scripted, question: str) -> list:
+        async with service(scripted) as (client, _):
+            return [await client.post("/v1/agent/chat", json={"message": question}),
+                    await client.post("/v1/agent/chat", json={"message": question, "stream": True}),
+                    await client.post("/v1/chat/completions", json=openai(question)),
+                    await client.post("/v1/chat/completions", json=openai(question, stream=True)),
+                    await client.get("/metrics")]
+
+    question = "How long is the Vale Lantern's warranty?"
+    for scripted, asked, decision, reason, grounded, said in (
+            (engine(answer=REFUSAL), question, "refuse", "generated", None, REFUSAL),  # the gate said answer
+            (engine(*["refuse"] * 4), question, "refuse", "gate", None, REFUSAL),
+            (engine(), "And its weight?", "clarify", None, None, CLARIFY),
+            (engine(answer="A 5-year warranty [1]."), question, "answer", None, False, "A 5-year warranty [1]."),
+            (engine(), question, "answer", None, True, "The warranty lasts two years [1].")):
+        whole, streamed, completion, chunks, metrics = run(turns(scripted, asked))
+        final = sse(streamed.text)[-1]
+        assert final[0] == "final"
+        for body in (whole.json(), final[1], completion.json()["gatehead"], sse(chunks.text)[-2][1]["gatehead"]):
+            assert (body["decision"], body["refusal_reason"], body["grounded"]) == (decision, reason, grounded), body
+        assert whole.json()["answer"] == final[1]["answer"] == said
+        assert completion.json()["choices"][0]["message"]["content"] == said
+        # A streamed turn says its text once: generated tokens, or the fixed sentence in one chunk.
+        assert "".join(e[1]["choices"][0]["delta"].get("content", "") for e in sse(chunks.text)[:-1]) == said
+        assert f'gatehead_agent_turns_total{{decision="{decision}"}} 4.0' in metrics.text
+        assert 'gatehead_agent_turns_total{decision="not_found"} 0.0' in metrics.text  # every decision shows
+
+
+def test_a_rewrite_that_fails_its_check_is_in_the_turns_result(service, engine) -> None:
+    async def go():
+        async with service(engine()) as (client, _):
+            await client.post("/v1/agent/chat", json={"message": "How long is the Vale Lantern's warranty?",
+                                                      "thread_id": "t"})
+            return await client.post("/v1/agent/chat", json={"message": "And its weight?", "thread_id": "t"})
+
+    # The server's engine generates through its stream, so the scripted rewrite is the scripted answer: the
+    # thread's previous answer, which a weak model also wrote as the standalone question.
+    body = run(go()).json()
+    joined = "How long is the Vale Lantern's warranty? And its weight?"
+    assert body["queries"] == [joined] and body["rewrite_fallbacks"] == [
+        {"node": "contextualize", "rewrite": "The warranty lasts two years [1].", "used": joined,
+         "reason": "an earlier answer"}]

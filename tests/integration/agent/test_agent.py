@@ -16,7 +16,7 @@ import pytest
 
 from gatehead.agent import Agent, AgentConfig
 from gatehead.agent.checkpoint import open_checkpointer
-from gatehead.agent.prompts import NOT_FOUND, REFUSAL
+from gatehead.agent.prompts import CLARIFY, NOT_FOUND, REFUSAL
 from gatehead.demo.index import open_demo_store
 from gatehead.errors import InvalidInput
 from gatehead.gate.policy import Thresholds
@@ -57,7 +57,7 @@ def nodes(result) -> list[str]:
 def test_answer_route_reuses_the_gate_prefill(agent, loop) -> None:
     result = loop.run(agent.ask(STRATA))
     assert result.decision == "answer" and states(result.answer, "€64") and not result.error
-    assert cited(result.answer, result.sources) == [HEADLAMP]
+    assert cited(result.answer, result.sources) == [HEADLAMP] and result.grounded is True
     assert nodes(result) == ["retrieve", "gate", "generate", "finish"]
     assert result.queries == [STRATA] and result.sources[0] == HEADLAMP
     [gate] = result.gates
@@ -87,6 +87,7 @@ def test_search_route_rewrites_then_answers(agent, loop) -> None:
     result = loop.run(agent.ask(BY_CODE))
     assert [g["decision"] for g in result.gates] == ["search", "answer"]
     assert result.queries[0] == BY_CODE and "Strata Headlamp" in result.queries[1]  # the notice names it
+    assert result.rewrite_fallbacks == []  # the rewrite's product name is the notice's, so its check passes
     assert nodes(result) == ["retrieve", "gate", "rewrite", "retrieve", "gate", "generate", "finish"]
     assert result.decision == "answer" and states(result.answer, "€64")
     assert cited(result.answer, result.sources) == [HEADLAMP]
@@ -95,8 +96,15 @@ def test_search_route_rewrites_then_answers(agent, loop) -> None:
 def test_refuse_route_answers_without_generating(agent, loop) -> None:
     result = loop.run(agent.ask(GHOST))
     assert result.decision == "refuse" and result.answer == REFUSAL
+    assert (result.refusal_reason, result.grounded) == ("gate", None)
     assert nodes(result) == ["retrieve", "gate", "refusal", "finish"]
     assert result.gates[0]["probs"]["refuse"] > 0.9
+
+
+def test_a_first_question_that_points_back_is_asked_back_before_any_engine_work(agent, loop) -> None:
+    result = loop.run(agent.ask("And its weight?", "no-referent"))
+    assert (result.decision, result.answer, result.grounded) == ("clarify", CLARIFY, None)
+    assert nodes(result) == ["clarify", "finish"] and result.gates == [] and result.queries == []
 
 
 class Counting:
@@ -127,6 +135,7 @@ def test_follow_up_is_made_standalone_and_the_thread_persists(agent, loop) -> No
     second = loop.run(agent.ask("And its warranty?", "follow-up"))
     assert "Strata Headlamp" in second.standalone and "warranty" in second.standalone  # "its", resolved
     assert second.queries == [second.standalone] and nodes(second)[0] == "contextualize"
+    assert second.rewrite_fallbacks == []  # the model's own rewrite passed its check
     assert second.decision == "answer" and states(second.answer, "2 years")
     assert cited(second.answer, second.sources) == [HEADLAMP]
     history = loop.run(agent.history("follow-up"))
