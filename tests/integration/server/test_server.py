@@ -19,7 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gatehead.agent.prompts import REFUSAL
+from gatehead.agent.prompts import CLARIFY, REFUSAL
+from gatehead.server.sse import event
 from gatehead.testing import cited, states
 
 GATEHEAD = str(Path(sys.executable).parent / "gatehead")
@@ -574,6 +575,29 @@ def test_chat_page_in_headless_chromium(server: Server) -> None:
             page.focus("#new-thread")
             page.keyboard.press("Enter")
             expect(page.locator(".turn")).to_have_count(0)
+
+            ask(page, "And its weight?")  # a new thread's first question points back at nothing: asked back
+            clarify = page.locator(".turn.assistant").nth(0)
+            expect(clarify.locator(".badge")).to_have_text("clarify", timeout=60_000)
+            expect(clarify.locator(".bubble")).to_have_text(CLARIFY)
+            # An answer the grounding check flags, in the server's own event format (the demo model's answers
+            # here are grounded, so the test serves this one): the page marks it.
+            flagged = {"thread_id": "t", "answer": "450 g [1]", "decision": "answer", "refusal_reason": None,
+                       "grounded": False, "probabilities": {"answer": 0.9, "refuse": 0.05, "search": 0.05},
+                       "gates": [], "queries": [], "sources": [HEADLAMP], "dropped": {}, "rewrite_fallbacks": [],
+                       "passages": [{"text": "Weight: 390 g", "title": "Strata Headlamp", "source": HEADLAMP,
+                                     "score": 0.9}], "error": None}
+            page.route("**/v1/agent/chat", lambda route: route.fulfill(
+                status=200, content_type="text/event-stream",
+                body=event("token", {"text": "450 g [1]"}) + event("final", flagged)))
+            ask(page, "How heavy is the Strata Headlamp?")
+            marker = page.locator(".turn.assistant").nth(1).locator(".ungrounded")
+            expect(marker).to_have_text("not grounded in the cited passage", timeout=60_000)
+            page.screenshot(path=ARTIFACTS / "chat-checks.png")
+            for selector in (".badge.clarify", ".ungrounded"):
+                ratio = page.locator(selector).first.evaluate(CONTRAST)
+                assert ratio >= 4.5, (selector, ratio)
+            page.unroute("**/v1/agent/chat")
 
             held = [HeldRequest(server, "/v1/gate", {"question": STRATA}) for _ in range(2)]  # --max-inflight 2
             ask(page, STRATA)
