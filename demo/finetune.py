@@ -251,24 +251,71 @@ def _generate(model, tokenizer, prompts: Sequence[Sequence[int]], max_new: int =
     return out
 
 
-def validate(model_dir: Path, data_dir: Path | None = None, split: str = "val", conversations: int = 300) -> dict:
+class _StockVLLM:
+    """Greedy replies from stock vLLM (gatehead's plugin left out): the fast path on a CPU."""
+
+    def __init__(self, model_dir: Path, tokenizer) -> None:
+        from vllm import LLM
+
+        from gatehead.runtime.cpu_setup import preloaded
+        from gatehead.runtime.dtype import resolve_dtype
+        from gatehead.runtime.plugin import stock_vllm
+
+        self.tokenizer = tokenizer
+        with stock_vllm(), preloaded():
+            self.llm = LLM(model=str(model_dir), dtype=resolve_dtype("auto"), enforce_eager=True, max_model_len=2048,
+                           kv_cache_memory_bytes=1 << 30, seed=0)
+
+    def replies(self, prompts: Sequence[Sequence[int]], max_new: int = 40) -> list[str]:
+        from vllm import SamplingParams
+
+        params = SamplingParams(temperature=0.0, max_tokens=max_new)
+        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params, use_tqdm=False)
+        return [o.outputs[0].text for o in outputs]
+
+    def close(self) -> None:
+        self.llm.llm_engine.engine_core.shutdown()
+
+
+def validate(model_dir: Path, data_dir: Path | None = None, split: str = "val", conversations: int = 300,
+             engine: str = "hf") -> dict:
     """The generator alone on `split`'s labelled rows (gold decisions): answer exact match, refusals,
-    search rewrites, and follow-ups over `split`'s own products (rewrite exact match, answer exact match)."""
+    search rewrites, and follow-ups over `split`'s own products (rewrite exact match, answer exact match).
+    `engine`: "hf" (transformers, batched; CUDA if present) or "vllm" (stock vLLM in the dtype `auto` picks)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from gatehead.demo.build import DATA_DIR
+
+    data_dir = data_dir or DATA_DIR
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if engine == "vllm":
+        stock = _StockVLLM(model_dir, tokenizer)
+        generate, close = stock.replies, stock.close
+    else:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
+
+        def generate(prompts):
+            return _generate(model, tokenizer, prompts)
+
+        def close():
+            return None
+    try:
+        return _validate(generate, tokenizer, data_dir, split, conversations)
+    finally:
+        close()
+
+
+def _validate(generate, tokenizer, data_dir: Path, split: str, conversations: int) -> dict:
     from gatehead.agent.prompts import ANSWER_SYSTEM, REFUSAL, REWRITE_SYSTEM
-    from gatehead.demo.build import DATA_DIR, SEED, _read_jsonl
+    from gatehead.demo.build import SEED, _read_jsonl
     from gatehead.demo.kb import KnowledgeBase, build_kb
     from gatehead.demo.tasks import conversation_examples, normalize
     from gatehead.gate.adapter import DEFAULT_SUFFIX
     from gatehead.gate.data import parse_example
     from gatehead.gate.prompt import PromptBuilder, PromptConfig
 
-    data_dir = data_dir or DATA_DIR
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
     builders = {system: PromptBuilder(tokenizer, DEFAULT_SUFFIX, PromptConfig(max_context=2048, system=system))
                 for system in (ANSWER_SYSTEM, REWRITE_SYSTEM)}
     figures: dict[str, dict] = {}
@@ -280,7 +327,7 @@ def validate(model_dir: Path, data_dir: Path | None = None, split: str = "val", 
         searching = [(r, e) for r, e in parsed if e.label == "search"]
         prompts = [builders[ANSWER_SYSTEM].build(e.question, e.passages).answer for _, e in answerable + refusing]
         prompts += [builders[REWRITE_SYSTEM].build(e.question, e.passages).answer for _, e in searching]
-        replies = _generate(model, tokenizer, prompts)
+        replies = generate(prompts)
         a, f = len(answerable), len(refusing)
         rewritten = [normalize(x) == normalize(r["rewrite"])
                      for x, (r, _) in zip(replies[a + f:], searching, strict=True)]
@@ -291,13 +338,13 @@ def validate(model_dir: Path, data_dir: Path | None = None, split: str = "val", 
                          "refused_on_refuse": sum(x.strip() == REFUSAL for x in replies[a:a + f]) / max(f, 1),
                          "rewrite_exact_match": sum(rewritten) / max(len(rewritten), 1),
                          "misses": [{"q": r["question"], "gold": r["answer"], "got": x} for x, (r, _), ok in
-                                    zip(replies[:a], answerable, strict=True) if not ok][:12]}
+                                    zip(replies[:a], answerable, hits, strict=True) if not ok][:12]}
     kb = build_kb(SEED)
     view = KnowledgeBase(tuple(d for d in kb.docs if d.split == split),
                          tuple(p for p in kb.products if p.split == split), (), kb.ghosts, kb.seed)
     follow = conversation_examples(view, random.Random(f"validate-{split}"), conversations)
     prompts = [builders[e.system].build(e.question, e.passages, e.conversation).answer for e in follow]
-    replies = _generate(model, tokenizer, prompts)
+    replies = generate(prompts)
     rewrites = [(e, x) for e, x in zip(follow, replies, strict=True) if e.system == REWRITE_SYSTEM]
     answers = [(e, x) for e, x in zip(follow, replies, strict=True) if e.system == ANSWER_SYSTEM]
     figures["follow_ups"] = {
@@ -322,6 +369,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--merged", type=Path, help="merge: where the merged model goes; validate: the model")
     parser.add_argument("--config", default="{}", help="train: FinetuneConfig fields as JSON")
     parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="validate: transformers or stock vLLM")
+    parser.add_argument("--json-out", type=Path, help="validate: also write the figures to this file")
     args = parser.parse_args(argv)
     if args.stage == "train":
         from gatehead.demo.base import ensure_base
@@ -334,7 +383,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(merge(args.base or ensure_base(), args.out, args.merged))
     else:
-        print(json.dumps(validate(args.merged), indent=2, ensure_ascii=False))
+        import sys
+
+        from gatehead.demo.base import WEIGHTS, sha256_file
+        from gatehead.evals.run import _commit, machine
+
+        started = time.time()
+        sets = validate(args.merged, engine=args.engine)
+        figures = {"command": "python -m gatehead.demo.finetune " + " ".join(sys.argv[1:]), "commit": _commit(),
+                   "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine(),
+                   "weights_sha256": sha256_file(args.merged / WEIGHTS), "engine": args.engine,
+                   "seconds": round(time.time() - started, 1), "sets": sets}
+        text = json.dumps(figures, indent=2, ensure_ascii=False)
+        if args.json_out:
+            args.json_out.parent.mkdir(parents=True, exist_ok=True)
+            args.json_out.write_text(text + "\n", encoding="utf-8")
+        print(text)
     return 0
 
 
