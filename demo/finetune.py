@@ -215,6 +215,8 @@ def merge(base_dir: Path, lora_dir: Path, out_dir: Path) -> str:
     for path in base_dir.iterdir():
         if path.name not in (WEIGHTS, "provenance.json") and path.is_file():
             shutil.copy(path, staging / path.name)
+    if (lora_dir / "training.json").is_file():  # how the generator was trained travels with the model
+        shutil.copy(lora_dir / "training.json", staging / "training.json")
     digest = sha256_file(staging / WEIGHTS)
     record = {"base": json.loads((base_dir / "provenance.json").read_text()) if (base_dir / "provenance.json").exists()
               else None, "generator_lora_sha256": sha256_file(lora_dir / LORA_WEIGHTS), "weights_sha256": digest}

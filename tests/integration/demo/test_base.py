@@ -85,3 +85,15 @@ def test_info_names_where_the_base_came_from(tmp_path: Path, converted: Path, mo
     monkeypatch.setenv("GATEHEAD_CACHE", str(converted.parents[1]))
     shown = info()["models"]["pretrained_base"]
     assert shown["path"] == str(converted) and shown["provenance"]["origin"] == base.ORIGIN
+
+
+def test_the_gguf_travels_in_parts_and_a_wrong_file_is_refused(tmp_path: Path, wheel: Path) -> None:
+    parts = base.split_gguf(tmp_path / "parts", 3)
+    assert len(parts) == 3 and max(p.stat().st_size for p in parts) < base.GGUF_SIZE / 2
+    joined = tmp_path / "joined.gguf"
+    joined.write_bytes(b"".join(p.read_bytes() for p in parts))
+    assert base.sha256_file(joined) == base.GGUF_SHA256
+    joined.write_bytes(joined.read_bytes()[:-1] + b"\0")
+    with pytest.raises(base.BaseModelError, match="not the recorded"):
+        base.ensure_base(tmp_path / "cache", gguf=joined)
+    assert not base.base_dir(tmp_path / "cache").exists()
