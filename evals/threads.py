@@ -33,10 +33,9 @@ def added_names(rewrite: str, seen: str) -> list[str]:
     """Names in `rewrite` that `seen` (the thread so far and the new message) lacks, case aside.
 
     The first word of the rewrite is not a name for this purpose: a question may begin with any word."""
-    words = rewrite.split()
-    first = words[0] if words else ""
+    start = len(rewrite) - len(rewrite.lstrip(" \t\n\"'(¿¡"))
     low = seen.lower()
-    return [w for w in _NAME.findall(rewrite) if w != first and w.lower() not in low]
+    return [m.group() for m in _NAME.finditer(rewrite) if m.start() != start and m.group().lower() not in low]
 
 
 def right(expect: str, value: str, decision: str, answer: str) -> bool:

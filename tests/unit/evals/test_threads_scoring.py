@@ -13,6 +13,7 @@ def test_a_rewrite_adds_a_name_the_thread_never_had() -> None:
     assert added_names("What is the price of BG-165?", "and bg-165?") == []
     assert added_names("What is the price of BG-166?", "and bg-165?") == ["BG-166"]
     assert added_names("Rowan Lantern weight?", "how heavy is the rowan lantern") == []
+    assert added_names("What's the flinkingust?", "which button on it") == []  # a sentence's first word
 
 
 def test_the_right_turn_is_what_the_line_expects() -> None:
