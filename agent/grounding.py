@@ -50,7 +50,8 @@ def grounded(answer: str, passages: Sequence[Passage]) -> bool:
 
     False when it cites nothing or a number past the passages. Otherwise true when the answer without its
     markers occurs in a cited passage (both normalized), or else when every number-bearing token and every
-    capitalised word of the answer (bar function words such as a sentence-initial "The") occurs in the cited passages.
+    capitalised word of the answer (bar function words such as a sentence-initial "The") occurs in the cited
+    passages, each number with the unit word that follows it ("880 g" is not "880 lumens").
     """
     cited = cited_passages(answer, passages)
     if not cited:
@@ -62,7 +63,12 @@ def grounded(answer: str, passages: Sequence[Passage]) -> bool:
     words = [w for w in (t.strip(_EDGES) for t in _TOKEN.findall(CITATION.sub(" ", answer))) if w]
     values = [normalized(w).removesuffix("'s") for w in words
               if any(c.isdigit() for c in w) or (w[0].isupper() and w.lower() not in _COMMON)]
-    return all(_occurs(v, texts) for v in values)
+    # A number's unit is part of its value: "880 g" is not in "880 lumens" ("2-year" is in "2 years").
+    units = [(normalized(w), unit.lower()) for w, unit in zip(words, words[1:], strict=False)
+             if any(c.isdigit() for c in w) and unit.isalpha() and unit.islower() and unit not in _COMMON]
+    return all(_occurs(v, texts) for v in values) and all(
+        any(_occurs(f"{number} {form}", texts) for form in (unit, unit + "s", unit.removesuffix("s")))
+        for number, unit in units)
 
 
 def _occurs(value: str, texts: Sequence[str]) -> bool:

@@ -112,8 +112,8 @@ def test_demo_runs_the_agent_over_scripted_questions(tmp_path: Path) -> None:
     assert "260 added" in result.stderr and (tmp_path / ".cache" / "qdrant").is_dir()
     assert (tmp_path / ".cache" / "threads.sqlite").is_file()
     turns = out.split("\n> ")[1:]
-    assert len(turns) == 7
-    strata, warranty, by_code, ghost, world, typed, task = turns
+    assert len(turns) == 10
+    strata, warranty, switch, by_code, ghost, world, typed, task, support, nothing = turns
     assert "gate:       answer" in strata and "answer:     €64 [1]" in strata
     assert "decision:   answer, grounded in the cited passage" in strata  # €64 is in the passage [1] names
     assert "reused from the gate's prefill" in strata
@@ -124,8 +124,14 @@ def test_demo_runs_the_agent_over_scripted_questions(tmp_path: Path) -> None:
     assert "decision:   refuse" in world  # out of scope for this knowledge base
     assert "gate:       answer" in typed and "answer:     920 g [1]" in typed  # a held-out phrasing family
     assert "decision:   refuse" in task
-    table = out[out.index("# | question"):]
-    assert "search > answer" in table and "decisions: answer 4, refuse 3" in table
+    # Another product, named in a follow-up: what retrieval is asked names it, whether the model's rewrite
+    # kept the name or the agent's safeguard replaced a rewrite that lost it (shown as "not used").
+    standalone = next(line for line in switch.splitlines() if line.strip().startswith("standalone:"))
+    assert "Vale Lantern" in standalone and "products/vale-lantern.md" in switch
+    assert "support/strata-headlamp.md" in support and "answer:     9 seconds [1]" in support
+    assert "decision:   clarify" in nothing and "Which product do you mean?" in nothing and "gate:" not in nothing
+    table = out[out.index("#  | question"):]
+    assert "search > answer" in table and "clarify 1" in table
 
 
 def test_chat_then_ask_continue_one_thread(tmp_path: Path) -> None:

@@ -35,6 +35,9 @@ def test_is_refusal(answer, refusal) -> None:
     ("The Vale Lantern weighs 550 g [1].", [VALE], True),  # every number and name is there
     ("It has a 2-year warranty [1].", [VALE], True),
     ("450 g [1]", [VALE], False),  # a value the passage does not hold
+    ("It weighs 199 g [1]", [VALE], False),  # the passage's number with another unit (€199)
+    ("The Vale Lantern weighs 550 grams and costs €199 [1].", [VALE], False),  # "550 grams" is not written there
+    ("It costs €199 and weighs 550 g [1].", [VALE], True),  # "and" after a number is no unit
     ("It costs €19 [1]", [VALE], False),  # a number is a whole token: €19 is not €199
     ("The Valen Lantern costs €199 [1]", [VALE], False),  # a name the passage does not hold
     ("€199", [VALE], False),  # no citation
