@@ -244,8 +244,9 @@ def build_demo_model(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, smoke:
 
 def train_gate_and_report(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, smoke: bool = False,
                           config: TrainConfig | None = None, phrasings: bool = True, adapter_name: str = "adapter",
-                          read_test: bool = True, answers: bool = True) -> dict:
-    """The gate adapter on the model in `out_dir/model`, calibrated on val; held-out figures on test.
+                          read_test: bool = True, answers: bool = True, model_dir: Path | None = None) -> dict:
+    """The gate adapter on the model in `out_dir/model` (or `model_dir`), calibrated on val; held-out figures
+    on test.
 
     The adapter goes to `out_dir/<adapter_name>` and the report to `out_dir/report.json` (for another
     name, `report-<adapter_name>.json`). `read_test=False` leaves the test split unread, for candidates
@@ -271,7 +272,7 @@ def train_gate_and_report(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, s
     records = {split: training_records(data_dir, phrasings, split)[:40 if smoke else None]
                for split in ("train", "val")}
     records["test"] = _read_jsonl(data_dir / "test.jsonl")[:40 if smoke else None]
-    model_dir, adapter_dir = out_dir / "model", out_dir / adapter_name
+    model_dir, adapter_dir = model_dir or out_dir / "model", out_dir / adapter_name
 
     def gate_examples(rows: list[dict], name: str):
         # A search question, once rewritten and retrieved again, is an answerable one.
@@ -293,7 +294,8 @@ def train_gate_and_report(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, s
                                                                answers=answers)
     report = {
         "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
-        "language_model": json.loads((model_dir / "training.json").read_text()),
+        "language_model": json.loads((model_dir / "training.json").read_text())
+        if (model_dir / "training.json").is_file() else {"model": model_dir.name, "log": []},
         "gate_training": {"seconds": round(time.time() - started, 1), "best_epoch": result.best_epoch,
                           "config": asdict(replace(config, progress=False)), "phrasings": phrasings,
                           "val_accuracy": [e.val.accuracy for e in result.epochs]},
@@ -319,6 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--split", choices=["val", "test"], default="val",
                         help="evaluate: the split whose evaluation sets are measured (choose on val)")
     parser.add_argument("--out", type=Path, help="evaluate: write the figures to this JSON file")
+    parser.add_argument("--model", type=Path, help="train-gate: the base model directory (default: --out-dir/model)")
     parser.add_argument("--adapter", default="adapter",
                         help="train-gate, evaluate: the adapter's directory name under --out-dir (demo/)")
     parser.add_argument("--activation", choices=["prompt", "suffix"], default="prompt",
@@ -348,7 +351,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                          k=args.k or recipe.k, rank=rank, alpha=recipe.alpha * rank / recipe.rank)  # the recipe's ratio
         report = train_gate_and_report(out_dir=args.out_dir, smoke=args.smoke, phrasings=not args.templates_only,
                                        config=config, adapter_name=args.adapter, read_test=not args.val_only,
-                                       answers=not args.gate_only)
+                                       answers=not args.gate_only, model_dir=args.model)
         print(json.dumps(report.get("test") or report.get("val_sets"), indent=2, ensure_ascii=False))
     else:
         print(json.dumps(evaluate_stage(args.split, args.out, args.device, args.out_dir / args.adapter,
