@@ -20,7 +20,7 @@ import random
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from gatehead.demo import DEMO_DIR
@@ -48,7 +48,15 @@ class FinetuneConfig:
     real_conversations: int = 3000  # follow-up exchanges over the training split's own products
     seed: int = 0
     max_steps: int | None = None  # stop early (smoke runs)
-    extra: dict = field(default_factory=dict)
+    # Train for about this many seconds (a CPU's run): the step count is fixed from the rate of steps 3-8,
+    # before warm-up ends, so the run equals one given that count as max_steps (training.json records it).
+    seconds: float | None = None
+    cpu_bf16: bool = False  # on CPU, compute under bf16 autocast as on CUDA (native on AMX and AVX-512 BF16)
+    save_dtype: str = "bfloat16"  # the committed LoRA's dtype (the merge reads it as it is)
+
+    def __post_init__(self) -> None:
+        if self.seconds is not None and self.warmup_steps < 9:
+            raise ValueError("FinetuneConfig.seconds needs warmup_steps >= 9: the step count is fixed during warm-up")
 
 
 def _train_view(kb):
@@ -123,7 +131,7 @@ def finetune(base_dir: Path, out_dir: Path, config: FinetuneConfig, data_dir: Pa
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
     pad = tokenizer.pad_token_id
     r = random.Random(config.seed)
-    step, running, rows = 0, 0.0, []
+    step, running, rows, timed_from = 0, 0.0, [], started
     model.train()
     while step < total:
         order = sorted(range(len(data)), key=lambda j: (len(data[j][0]), r.random()))
@@ -132,17 +140,7 @@ def finetune(base_dir: Path, out_dir: Path, config: FinetuneConfig, data_dir: Pa
         for idx in batches:
             if step >= total:
                 break
-            length = max(len(data[j][0]) for j in idx)
-            ids = torch.full((len(idx), length), pad, dtype=torch.long)
-            labels = torch.full((len(idx), length), -100, dtype=torch.long)
-            mask = torch.zeros((len(idx), length), dtype=torch.long)
-            for row, j in enumerate(idx):
-                seq, start = data[j]
-                ids[row, :len(seq)] = torch.tensor(seq)
-                labels[row, start:len(seq)] = torch.tensor(seq[start:])
-                mask[row, :len(seq)] = 1
-            with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
-                loss = model(input_ids=ids.to(device), attention_mask=mask.to(device), labels=labels.to(device)).loss
+            loss = _reply_loss(model, [data[j] for j in idx], pad, device, config.cpu_bf16)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -150,6 +148,13 @@ def finetune(base_dir: Path, out_dir: Path, config: FinetuneConfig, data_dir: Pa
             scheduler.step()
             running += loss.detach()
             step += 1
+            if config.seconds is not None and step in (3, 8):
+                if step == 3:
+                    timed_from = time.time()
+                else:  # still warming up: the schedule so far does not depend on the total
+                    per_step = (time.time() - timed_from) / 5
+                    total = max(9, min(total, int((config.seconds - (time.time() - started)) / per_step) + 8))
+                    log(f"{per_step:.1f} s a step: {total} steps in all")
             if step % 100 == 0 or step == total:
                 mean = running.item() / (step % 100 or 100)
                 rows.append({"step": step, "loss": round(mean, 5), "seconds": round(time.time() - started, 1)})
@@ -157,7 +162,7 @@ def finetune(base_dir: Path, out_dir: Path, config: FinetuneConfig, data_dir: Pa
                 running = 0.0
     model.eval()
     out_dir.mkdir(parents=True, exist_ok=True)
-    model.to("cpu", dtype=torch.float32).save_pretrained(out_dir)
+    model.to("cpu", dtype=getattr(torch, config.save_dtype)).save_pretrained(out_dir)
     config_file = out_dir / "adapter_config.json"
     settings = json.loads(config_file.read_text())
     settings["base_model_name_or_path"] = "smollm2-135m-instruct (gatehead.demo.base)"  # no path of this machine
@@ -167,6 +172,33 @@ def finetune(base_dir: Path, out_dir: Path, config: FinetuneConfig, data_dir: Pa
               "steps": step, "log": rows}
     (out_dir / "training.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
+
+
+def _reply_loss(model, rows: Sequence[tuple[list[int], int]], pad: int, device: str, cpu_bf16: bool):
+    """Mean next-token loss over the replies of `rows` ((ids, reply start) each).
+
+    Left-padded, so every reply ends at the batch's last position and only the last `keep` positions'
+    logits are computed (the output layer over 49 k tokens is a quarter of a 300-token example's work).
+    Positions count from each sequence's first real token, as the engine counts them."""
+    import torch
+
+    length = max(len(seq) for seq, _ in rows)
+    keep = max(len(seq) - start for seq, start in rows) + 1
+    ids = torch.full((len(rows), length), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), length), dtype=torch.long)
+    reply = torch.zeros((len(rows), length), dtype=torch.bool)
+    for row, (seq, start) in enumerate(rows):
+        ids[row, length - len(seq):] = torch.tensor(seq)
+        mask[row, length - len(seq):] = 1
+        reply[row, length - len(seq) + start:] = True
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    autocast = torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda" or cpu_bf16)
+    with autocast:
+        logits = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
+                       logits_to_keep=keep).logits  # [B, keep, V]: positions length-keep .. length-1
+    targets, wanted = ids[:, length - keep + 1:].to(device), reply[:, length - keep + 1:].to(device)
+    losses = torch.nn.functional.cross_entropy(logits[:, :-1].float().transpose(1, 2), targets, reduction="none")
+    return losses[wanted].mean()
 
 
 def _lora_pairs(lora_dir: Path) -> tuple[dict[str, tuple], float]:

@@ -68,3 +68,22 @@ def test_a_lora_for_weights_the_base_lacks_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="the base does not have"):
         merge(base, lora, tmp_path / "merged")
     assert not (tmp_path / "merged").exists()
+
+
+def test_the_reply_loss_is_the_models_own_loss_on_the_replies(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    from gatehead.demo.finetune import _reply_loss
+
+    base, _ = tiny_llama_with_lora(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
+    rows = [(list(range(10, 40)), 22), (list(range(50, 67)), 9), (list(range(3, 9)), 5)]  # left-padded together
+    with torch.no_grad():
+        batched = _reply_loss(model, rows, 0, "cpu", cpu_bf16=False)
+        total = count = 0.0
+        for seq, start in rows:  # one at a time, unpadded, through the model's own loss
+            labels = torch.tensor([seq])
+            labels[0, :start] = -100
+            total += model(input_ids=torch.tensor([seq]), labels=labels).loss * (len(seq) - start)
+            count += len(seq) - start
+    assert torch.allclose(batched, total / count, rtol=1e-5)
