@@ -224,3 +224,35 @@ def test_eval_dataset_on_the_demo_test_split(tmp_path: Path) -> None:
     report = check_outputs(result, out, ledger, "dataset", ["reliability.png", "risk_coverage.png"])
     assert report["decided"] == 24 and report["accuracy"] >= 0.75  # the demo gate: 98.2% on the full split
     assert report["injection_flip_rate"] == max(report["injection_flip_rates"].values())
+
+
+def test_eval_threads_runs_the_agent_turn_by_turn_on_the_demo_model(tmp_path: Path) -> None:
+    # Threads written here (the committed hand-written set is a test set, read once, not on every run).
+    threads = tmp_path / "threads.jsonl"
+    strata = {"source": "products/strata-headlamp.md", "entity": "Strata Headlamp"}
+    rows = [{"thread": "t1", "turns": [
+                {"message": "How much does the Strata Headlamp cost?", "expect": "answer", "value": "€64",
+                 "case": "first", **strata},
+                {"message": "And its warranty?", "expect": "answer", "value": "2 years", "case": "pronoun", **strata}]},
+            {"thread": "t2", "turns": [
+                {"message": "And its weight?", "expect": "clarify", "case": "no-referent", "entity": ""},
+                {"message": "Who painted the Mona Lisa?", "expect": "refuse", "case": "off-topic", "entity": ""}]}]
+    threads.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
+    out, ledger = tmp_path / "threads", tmp_path / "ledger.jsonl"
+    result = run("threads", "--threads", str(threads), "--max-model-len", "2048", "--block-size", "32",
+                 "--out", str(out), "--ledger", str(ledger), cwd=tmp_path)
+    report = check_outputs(result, out, ledger, "threads", [])
+    turns = [json.loads(line) for line in (out / "turns.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert [(t["thread"], t["turn"]) for t in sorted(turns, key=lambda t: (t["thread"], t["turn"]))] == \
+        [("t1", 1), ("t1", 2), ("t2", 1), ("t2", 2)]
+    by = {(t["thread"], t["turn"]): t for t in turns}
+    assert by["t2", 1]["decision"] == "clarify" and by["t2", 1]["right"]  # nothing to refer to: asked back
+    assert by["t1", 1]["right"] and "€64" in by["t1", 1]["answer"]  # the scripted demo's first answer
+    assert by["t1", 2]["standalone"] != "And its warranty?"  # a follow-up is made standalone
+    figures = report["figures"]
+    answerable = [t for t in turns if t["expect"] == "answer"]
+    assert figures["right_value_on_answerable"] == {"turns": 2, "right": sum(t["right"] for t in answerable),
+                                                    "rate": sum(t["right"] for t in answerable) / 2}
+    assert figures["rewrites_adding_a_name"]["used"] == sum(bool(t["names_added_used"]) for t in turns) == 0
+    assert report["commit"] and read_ledger(ledger)[-1]["summary"]["right_value"] == \
+        figures["right_value_on_answerable"]["rate"]
