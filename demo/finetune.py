@@ -28,6 +28,8 @@ from gatehead.gate.adapter import DEFAULT_TARGET_MODULES
 
 GENERATOR_DIR = DEMO_DIR / "generator"  # the committed LoRA
 LORA_WEIGHTS = "adapter_model.safetensors"
+# The committed LoRA merged into the recorded base (`gatehead.demo.base.WEIGHTS_SHA256`): the same bytes everywhere.
+MERGED_SHA256 = "23d0eeabb3e831fa75d6cb097497e71034bb255eaffdee1470cb65cd2513afd8"
 
 
 @dataclass(frozen=True)

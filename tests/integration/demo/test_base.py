@@ -97,3 +97,11 @@ def test_the_gguf_travels_in_parts_and_a_wrong_file_is_refused(tmp_path: Path, w
     with pytest.raises(base.BaseModelError, match="not the recorded"):
         base.ensure_base(tmp_path / "cache", gguf=joined)
     assert not base.base_dir(tmp_path / "cache").exists()
+
+
+def test_the_committed_generator_merges_into_the_base_as_recorded(tmp_path: Path) -> None:
+    from gatehead.demo.finetune import GENERATOR_DIR, MERGED_SHA256, merge
+
+    digest = merge(base.ensure_base(), GENERATOR_DIR, tmp_path / "merged")
+    assert digest == MERGED_SHA256  # the same bytes on every machine and CPU kind
+    assert (tmp_path / "merged" / "training.json").is_file() and (tmp_path / "merged" / "tokenizer.json").is_file()
