@@ -94,12 +94,6 @@ def examples(config: FinetuneConfig, data_dir: Path, smoke: bool = False) -> lis
     return out
 
 
-def encode(items: Sequence, tokenizer, max_context: int) -> list[tuple[list[int], int]]:
-    from gatehead.demo.train import encode as encode_prompts
-
-    return encode_prompts(items, tokenizer, max_context)
-
-
 def finetune(base_dir: Path, out_dir: Path, config: FinetuneConfig, data_dir: Path | None = None,
              smoke: bool = False, log=print) -> dict:
     """Trains the generator's LoRA on `base_dir`; writes it (fp32) and `training.json` to `out_dir`."""
@@ -108,6 +102,7 @@ def finetune(base_dir: Path, out_dir: Path, config: FinetuneConfig, data_dir: Pa
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from gatehead.demo.build import DATA_DIR
+    from gatehead.demo.train import encode
 
     started = time.time()
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -265,7 +260,6 @@ def _generate(model, tokenizer, prompts: Sequence[Sequence[int]], max_new: int =
     import torch
 
     eos = tokenizer.eos_token_id
-    out: list[str] = []
     device = next(model.parameters()).device
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     replies: dict[int, str] = {}
@@ -283,8 +277,7 @@ def _generate(model, tokenizer, prompts: Sequence[Sequence[int]], max_new: int =
         for row, i in enumerate(idx):
             new = made[row, length:].tolist()
             replies[i] = tokenizer.decode(new[:new.index(eos)] if eos in new else new, skip_special_tokens=True)
-    out = [replies[i] for i in range(len(prompts))]
-    return out
+    return [replies[i] for i in range(len(prompts))]
 
 
 class _StockVLLM:

@@ -20,13 +20,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from gatehead.demo.tasks import normalize  # how the demo's figures compare values: citations, case, spacing aside
+
 _NAME = re.compile(r"\b(?:[A-Za-z]{2}-\d{3}|[A-Z][A-Za-z]+)\b")  # order codes first: "BG-165", not "BG"
-_SPACE = re.compile(r"\s+")
-
-
-def normalized(text: str) -> str:
-    text = re.sub(r"\s*\[\d+\]", "", text)
-    return _SPACE.sub(" ", text.lower()).strip(" .!?")
 
 
 def added_names(rewrite: str, seen: str) -> list[str]:
@@ -40,7 +36,7 @@ def added_names(rewrite: str, seen: str) -> list[str]:
 
 def right(expect: str, value: str, decision: str, answer: str) -> bool:
     if expect == "answer":
-        return decision == "answer" and normalized(value) in normalized(answer)
+        return decision == "answer" and normalize(value) in normalize(answer)
     if expect == "refuse":
         return decision in ("refuse", "not_found")
     return decision == "clarify"
