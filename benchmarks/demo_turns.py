@@ -1,14 +1,16 @@
 """The demo as a user meets it: time to ready, the first turn, then each gate and each answered turn.
 
 Run by hand: `python -m gatehead.benchmarks.demo_turns [--dtype auto|bfloat16|float32] [--no-warm-up]
-[--runs 3] [--out FILE]`. Each run starts the engine as `gatehead demo` does (the demo model and gate,
-eager, 256 MiB of KV), opens the demo index, and asks the scripted demo questions (`gatehead demo`'s)
-in their threads, twice over: the first pass's first turn is what a user waits for after start, and
-every later turn is timed as it comes. Per run: seconds to ready (engine start and, unless
-`--no-warm-up`, `SharedEngine.warm_up`), the first gate and first turn, and the medians of the gate
+[--runs 3] [--setups 12.8m,smollm2,smollm2-suffix] [--out FILE]`. Each run starts the engine as `gatehead
+demo` does (the demo model and gate, eager, 256 MiB of KV), opens the demo index, and asks the scripted demo
+questions (`gatehead demo`'s) in their threads, twice over: the first pass's first turn is what a user waits
+for after start, and every later turn is timed as it comes. Per run: seconds to ready (engine start and,
+unless `--no-warm-up`, `SharedEngine.warm_up`), the first gate and first turn, and the medians of the gate
 call (every gate node) and of the answered turns after the first; then medians of the runs with their
-spread. `--no-warm-up` measures the engine as it was before warm-up existed. The dtype line and the
-CPU kind say what ran (runtime/dtype.py). Writes JSON; asserts nothing.
+spread. `--no-warm-up` measures the engine as it was before warm-up existed. The dtype line and the CPU kind
+say what ran (runtime/dtype.py). `--setups` names the models and gates compared (`SETUPS`: the 12.8 M demo
+model, the SmolLM2 demo model with its prompt-mode or suffix-mode gate); their runs are interleaved (run 1
+of each, then run 2 of each, ...) so that every setup meets the same machine. Writes JSON; asserts nothing.
 """
 
 from __future__ import annotations
@@ -23,8 +25,13 @@ import time
 import uuid
 from pathlib import Path
 
-from gatehead.demo import ADAPTER_DIR, MODEL_DIR
+from gatehead import demo
 from gatehead.runtime.dtype import KIND_NAMES, cpu_kind, dtype_reason
+
+# name: (model, gate adapter)
+SETUPS = {"12.8m": (demo.MODEL_DIR, demo.ADAPTER_DIR), "12.8m-suffix": (demo.MODEL_DIR, demo.SUFFIX_ADAPTER_DIR),
+          "smollm2": (demo.PRETRAINED_DIR, demo.PRETRAINED_ADAPTER_DIR),
+          "smollm2-suffix": (demo.PRETRAINED_DIR, demo.PRETRAINED_SUFFIX_ADAPTER_DIR)}
 
 
 def _median_spread(values: list[float]) -> dict[str, float]:
@@ -62,15 +69,18 @@ async def _session(engine, store, warm_up: bool, started: float) -> dict:
             "turns": len(turns), "answered_turns": len(answered) + (turns[0][1] == "answer")}
 
 
-def one_run(dtype: str, warm_up: bool) -> dict:
+def one_run(dtype: str, warm_up: bool, setup: str = "12.8m") -> dict:
+    from gatehead.cli.common import chosen_model
     from gatehead.demo.index import CORPUS, demo_store_config
     from gatehead.retrieval.store import open_store
     from gatehead.runtime.engine import EngineConfig, SharedEngine
 
+    model, adapter = SETUPS[setup]
+    model = chosen_model(model)  # the SmolLM2 demo model is built on first use
     store = open_store(demo_store_config(), (CORPUS,), log=lambda m: print(m, file=sys.stderr))
     try:
         started = time.perf_counter()
-        engine = SharedEngine(EngineConfig(model=MODEL_DIR, adapter=ADAPTER_DIR, enforce_eager=True,
+        engine = SharedEngine(EngineConfig(model=model, adapter=adapter, enforce_eager=True,
                                            kv_cache_memory_bytes=256 << 20, dtype=dtype))
         try:
             figures = asyncio.run(_session(engine, store, warm_up, started))
@@ -87,10 +97,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
     parser.add_argument("--no-warm-up", action="store_true", help="start as before SharedEngine.warm_up existed")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--setups", default="12.8m", help=f"comma-separated, of {', '.join(SETUPS)}")
     parser.add_argument("--out", type=Path, help="write the JSON here too")
     args = parser.parse_args(argv)
-    runs = [one_run(args.dtype, not args.no_warm_up) for _ in range(args.runs)]
-    keys = [k for k, v in runs[0].items() if isinstance(v, float)]
+    setups = args.setups.split(",")
+    if unknown := [s for s in setups if s not in SETUPS]:
+        parser.error(f"unknown setup {unknown[0]!r}: choose from {', '.join(SETUPS)}")
+    runs = {setup: [] for setup in setups}
+    for _ in range(args.runs):
+        for setup in setups:
+            runs[setup].append(one_run(args.dtype, not args.no_warm_up, setup))
+    keys = [k for k, v in runs[setups[0]][0].items() if isinstance(v, float)]
     from datetime import datetime, timezone
 
     from gatehead.evals.run import _commit, machine
@@ -100,12 +117,14 @@ def main(argv: list[str] | None = None) -> int:
     result = {"command": " ".join(["python -m gatehead.benchmarks.demo_turns", *(argv or sys.argv[1:])]),
               "commit": _commit(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": machine(),
-              "fingerprints": {"model": fingerprint(MODEL_DIR), "adapter": fingerprint(ADAPTER_DIR)},
+              "fingerprints": {setup: {"model": fingerprint(Path(SETUPS[setup][0])), "adapter":
+                                       fingerprint(Path(SETUPS[setup][1]))} for setup in setups},
               "cpu": KIND_NAMES[cpu_kind()], "emulated_kind": os.environ.get("GATEHEAD_TEST_CPU_ISA", "native"),
-              "dtype": dtype_reason(runs[0]["dtype"]), "warm_up": not args.no_warm_up,
+              "dtype": dtype_reason(runs[setups[0]][0]["dtype"]), "warm_up": not args.no_warm_up,
               "preload": cpu_setup.libraries() if os.environ.get(cpu_setup.VARIABLE, "1") not in ("0", "false", "no")
               else [],
-              "medians": {k: _median_spread([r[k] for r in runs]) for k in keys}, "runs": runs}
+              "setups": {setup: {"medians": {k: _median_spread([r[k] for r in runs[setup]]) for k in keys},
+                                 "runs": runs[setup]} for setup in setups}}
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:

@@ -21,10 +21,23 @@ def model_locations() -> dict[str, object]:
         "adapter": os.environ.get("GATEHEAD_ADAPTER") or str(demo.ADAPTER_DIR),
         "from_env": {name: os.environ.get(name) for name in ("GATEHEAD_MODEL", "GATEHEAD_ADAPTER")},
         "demo_model_present": (demo.MODEL_DIR / "config.json").exists(),
+        "pretrained_demo_model": {"path": str(demo.PRETRAINED_DIR), "provenance": base.provenance(demo.PRETRAINED_DIR)},
         "pretrained_base": {"path": str(base.base_dir()), "provenance": base.provenance(base.base_dir())},
         "hf_cache": str(hf_home / "hub"),
         "hf_hub_offline": os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False"),
     }
+
+
+def chosen_model(given: str | Path | None) -> str:
+    """The model a command runs: the one given, else `GATEHEAD_MODEL`, else the demo model. The pretrained
+    demo model is built on first use (the registry's base converted and the committed generator merged,
+    both checked; reused after)."""
+    model = str(given or model_locations()["model"])
+    if Path(model).resolve() == demo.PRETRAINED_DIR.resolve() and not (demo.PRETRAINED_DIR / "config.json").exists():
+        from gatehead.demo.finetune import ensure_demo_model
+
+        ensure_demo_model()
+    return model
 
 
 def thresholds(args: argparse.Namespace):
@@ -39,7 +52,7 @@ def start_engine(args: argparse.Namespace, gate: bool = True):
     from gatehead.runtime.engine import EngineConfig, SharedEngine
 
     locations = model_locations()
-    return SharedEngine(EngineConfig(model=args.model or locations["model"],
+    return SharedEngine(EngineConfig(model=chosen_model(args.model),
                                      adapter=(args.adapter or locations["adapter"]) if gate else None,
                                      enforce_eager=not args.compile, kv_cache_memory_bytes=args.kv_mb << 20,
                                      max_model_len=args.max_model_len, dtype=args.dtype))

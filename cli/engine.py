@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from gatehead.cli.common import add_model_arguments, model_locations, start_engine, thresholds
+from gatehead.cli.common import add_model_arguments, chosen_model, model_locations, start_engine, thresholds
 
 
 def _gate(args: argparse.Namespace) -> int:
@@ -21,7 +21,7 @@ def _gate(args: argparse.Namespace) -> int:
 
         locations = model_locations()
         dtype = "float32" if args.dtype == "auto" else args.dtype  # the reference's default: the fp32 ground truth
-        reference = HFReference(args.model or locations["model"], args.adapter or locations["adapter"], dtype)
+        reference = HFReference(chosen_model(args.model), args.adapter or locations["adapter"], dtype)
         result = reference.gate(args.question, passages, thresholds=chosen)
     else:
         engine = start_engine(args)
@@ -67,7 +67,7 @@ def _export_dedicated(args: argparse.Namespace) -> int:
     locations = model_locations()
     from gatehead.runtime.dtype import resolve_dtype
 
-    out = export_dedicated(args.model or locations["model"], args.adapter or locations["adapter"], args.out,
+    out = export_dedicated(chosen_model(args.model), args.adapter or locations["adapter"], args.out,
                            dtype=resolve_dtype(args.dtype))
     print(f"wrote {out}: serve it with stock vLLM, LLM(model=..., runner='pooling').classify(...)")
     return 0

@@ -6,7 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
-from gatehead.cli.common import add_model_arguments, model_locations, store_config
+from gatehead.cli.common import add_model_arguments, chosen_model, model_locations, store_config
 
 
 def _eval_arguments(p: argparse.ArgumentParser, memory_fraction: float | None = None) -> None:
@@ -54,7 +54,7 @@ def _eval(args: argparse.Namespace) -> int:
         print(f"wrote {corpus} and {questions}")
         return 0
     locations = model_locations()
-    config = EngineConfig(model=args.model or locations["model"], adapter=args.adapter or locations["adapter"],
+    config = EngineConfig(model=chosen_model(args.model), adapter=args.adapter or locations["adapter"],
                           enforce_eager=not args.compile, max_model_len=args.max_model_len,
                           kv_cache_memory_bytes=None if args.memory_fraction else args.kv_mb << 20,
                           memory_fraction=args.memory_fraction or EngineConfig.memory_fraction,

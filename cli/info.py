@@ -74,6 +74,10 @@ def _print_info(args: argparse.Namespace) -> int:
               f"GGUF sha256 {source['gguf_sha256'][:12]}..., weights sha256 {source['weights_sha256'][:12]}...)")
     else:
         print(f"  base         {pretrained['path']} (not converted yet: `make base` fetches and converts it)")
+    built = models["pretrained_demo_model"]
+    print(f"  SmolLM2 demo {built['path']} " + (
+        f"(the base with demo/generator/ merged: weights sha256 {built['provenance']['weights_sha256'][:12]}...)"
+        if built["provenance"] else "(not built yet: `make base` builds it)"))
     print(f"  HF cache     {models['hf_cache']} (offline={models['hf_hub_offline']})")
     return 0
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from gatehead.cli.common import agent_store, base_model_name, model_locations
+from gatehead.cli.common import agent_store, base_model_name, chosen_model, model_locations
 from gatehead.cli.settings import SERVE, add_settings, apply_environment
 from gatehead.runtime.canary import CanaryConfig
 from gatehead.runtime.guard import GuardConfig
@@ -41,7 +41,7 @@ def _serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     keys = list(args.api_key or []) + [k for k in os.environ.get("GATEHEAD_API_KEYS", "").split(",") if k.strip()]
     locations = model_locations()
-    model = args.model or locations["model"]
+    model = chosen_model(args.model)
     store, corpus = agent_store(args)
     engine = EngineConfig(model=model, adapter=args.adapter or locations["adapter"], enforce_eager=not args.compile,
                           kv_cache_memory_bytes=args.kv_mb << 20, max_model_len=args.max_model_len,

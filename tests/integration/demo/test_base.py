@@ -105,3 +105,23 @@ def test_the_committed_generator_merges_into_the_base_as_recorded(tmp_path: Path
     digest = merge(base.ensure_base(), GENERATOR_DIR, tmp_path / "merged")
     assert digest == MERGED_SHA256  # the same bytes on every machine and CPU kind
     assert (tmp_path / "merged" / "training.json").is_file() and (tmp_path / "merged" / "tokenizer.json").is_file()
+
+
+def test_the_demo_model_is_built_once_checked_and_a_wrong_generator_refused(tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    from gatehead.demo.finetune import GENERATOR_DIR, LORA_WEIGHTS, MERGED_SHA256, ensure_demo_model
+
+    target = ensure_demo_model(tmp_path / "demo-model")
+    assert base.provenance(target)["weights_sha256"] == MERGED_SHA256
+    built = (target / base.WEIGHTS).stat().st_mtime_ns
+    assert ensure_demo_model(target) == target and (target / base.WEIGHTS).stat().st_mtime_ns == built  # reused
+    other = tmp_path / "other-generator"
+    shutil.copytree(GENERATOR_DIR, other)
+    weights = load_file(other / LORA_WEIGHTS)
+    name = sorted(weights)[0]
+    weights[name] = weights[name] * 2
+    save_file(weights, other / LORA_WEIGHTS)
+    with pytest.raises(base.BaseModelError, match="not the recorded"):
+        ensure_demo_model(tmp_path / "wrong", generator=other)
+    assert base.provenance(tmp_path / "wrong") is None  # never taken for the demo model
