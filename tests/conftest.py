@@ -224,17 +224,19 @@ def demo_references(demo_gates) -> dict[str, Any]:
     """The HF references' probabilities on `demo_gates`, computed once, as the fidelity bounds take them
     (tests/integration/runtime/conftest.py, `references`): `fp32`, `same` (HF bf16; on an fp32 host HF fp64)
     and `merged` (HF in the host's dtype with the LoRA merged, as the dedicated engine holds it)."""
-    from gatehead.demo import ADAPTER_DIR, MODEL_DIR
     from gatehead.evals.agreement import fidelity_references
+    from gatehead.testing import demo_kit
 
-    return fidelity_references(MODEL_DIR, ADAPTER_DIR, demo_gates, HOST_DTYPE)
+    model, adapter, _ = demo_kit()
+    return fidelity_references(model, adapter, demo_gates, HOST_DTYPE)
 
 
 def demo_engine(gate: bool) -> Iterator:
-    from gatehead.demo import ADAPTER_DIR, MODEL_DIR
     from gatehead.runtime.engine import EngineConfig, SharedEngine
+    from gatehead.testing import demo_kit
 
-    engine = SharedEngine(EngineConfig(model=MODEL_DIR, adapter=ADAPTER_DIR if gate else None, enforce_eager=True,
+    model, adapter, _ = demo_kit()  # GATEHEAD_TEST_DEMO=smollm2: the pretrained demo model
+    engine = SharedEngine(EngineConfig(model=model, adapter=adapter if gate else None, enforce_eager=True,
                                        memory_fraction=0.1, block_size=32, max_model_len=2048))
     try:
         yield engine

@@ -11,13 +11,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gatehead.demo import ADAPTER_DIR, MODEL_DIR
 from gatehead.demo.build import held_out_examples
 from gatehead.evals.agreement import agreement, dedicated_gate_probs, shared_gate_probs
 from gatehead.evals.stability import check_stability
 from gatehead.gate.adapter import load_gate_adapter
 from gatehead.runtime.dedicated import export_dedicated
 from gatehead.runtime.engine import SharedEngine
+from gatehead.testing import demo_kit
+
+MODEL_DIR, ADAPTER_DIR, _ = demo_kit()  # GATEHEAD_TEST_DEMO=smollm2: the pretrained demo model
 
 MAX_LEN = 2048
 

@@ -8,11 +8,13 @@ import asyncio
 import numpy as np
 import pytest
 
-from gatehead.demo import MODEL_DIR, SUFFIX_ADAPTER_DIR
 from gatehead.evals.agreement import agreement, shared_gate_probs
 from gatehead.gate.policy import LABELS
 from gatehead.gate.reference import HFReference
 from gatehead.runtime.engine import EngineConfig, SharedEngine
+from gatehead.testing import demo_kit
+
+MODEL_DIR, _, SUFFIX_ADAPTER_DIR = demo_kit()  # GATEHEAD_TEST_DEMO=smollm2: the pretrained demo model
 
 N = 256
 
