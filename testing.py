@@ -199,8 +199,6 @@ def build_tiny(out_dir: str | Path, spec: TinySpec = TinySpec()) -> TinyModel:
     return TinyModel(model_dir=model_dir, adapter_dir=adapter_dir, adapter=adapter)
 
 
-# ----- the scripted engine and store ------------------------------------------------------------
-
 def demo_kit() -> tuple[Path, Path, Path]:
     """(model, prompt-mode gate, suffix-mode gate) the demo-model fidelity tests run: the demo's default, or
     with `GATEHEAD_TEST_DEMO=smollm2` the pretrained demo model and its gates (`demo/smollm2/`; the model
@@ -218,6 +216,8 @@ def demo_kit() -> tuple[Path, Path, Path]:
 
     return ensure_demo_model(), demo.PRETRAINED_ADAPTER_DIR, demo.PRETRAINED_SUFFIX_ADAPTER_DIR
 
+
+# ----- the scripted engine and store ------------------------------------------------------------
 
 SCRIPTED_PROBS = {"answer": {"answer": 0.9, "refuse": 0.05, "search": 0.05},
                   "refuse": {"answer": 0.05, "refuse": 0.9, "search": 0.05},
