@@ -35,7 +35,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 FIGURES_DIR = ROOT / "docs" / "figures"
 LEDGER = "evals/demo-ledger.jsonl"  # append-only: every verdict on the demo model, failures included
-DEMO_MODEL, DEMO_ADAPTER, DEMO_SUFFIX_ADAPTER = "demo/model", "demo/adapter", "demo/adapter-suffix"
+# The demo model is built at setup from the pinned registry base and the committed generator LoRA (checked
+# against `demo.finetune.MERGED_SHA256`): the generator's folder is what identifies it in the repository.
+DEMO_MODEL, DEMO_ADAPTER, DEMO_SUFFIX_ADAPTER = "demo/generator", "demo/adapter", "demo/adapter-suffix"
 RANDOM_DIR = ".cache/bench-random"
 EVAL_SIZES = ("--max-model-len", "2048", "--block-size", "32")
 SUITE_LAYOUT = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"}  # as tests/conftest.py runs engines
@@ -62,8 +64,10 @@ class Item:
         return 60 * (self.limit_minutes or 3 * self.minutes)
 
 
-DEMO = (("model", DEMO_MODEL), ("adapter", DEMO_ADAPTER))
+DEMO = (("model", DEMO_MODEL), ("adapter", DEMO_ADAPTER))  # the prompt-mode gate
+DEMO_DEFAULT = (("model", DEMO_MODEL), ("adapter", DEMO_SUFFIX_ADAPTER))  # the demo's default gate (suffix mode)
 DEMO_BOTH = DEMO + (("suffix_adapter", DEMO_SUFFIX_ADAPTER),)
+PROMPT_GATE = ("--adapter", DEMO_ADAPTER)  # the evals that judge the prompt-mode gate name it
 RANDOM = (("model", f"{RANDOM_DIR}/model"), ("adapter", f"{RANDOM_DIR}/adapter"),
           ("suffix_adapter", f"{RANDOM_DIR}/suffix/adapter"))
 
@@ -84,28 +88,36 @@ def _eval(name: str, *args: str) -> tuple[str, ...]:
     return ("{gatehead}", "eval", name, *args, *EVAL_SIZES, "--ledger", LEDGER, "--out", "{dir}")
 
 
+def _evaluate(split: str, *args: str) -> tuple[str, ...]:
+    return ("{python}", "-m", "gatehead.demo.build", "evaluate", "--split", split, *args, "--device", "cpu",
+            "--out", "{out}")
+
+
 ITEMS: tuple[Item, ...] = (
     Item("eval-stability", "stability eval, demo model, vLLM's default process layout", 3,
-         _eval("stability", "--variants", "plain,mixed"), "dir", DEMO, ok_codes=(0, 1)),
+         _eval("stability", "--variants", "plain,mixed", *PROMPT_GATE), "dir", DEMO, ok_codes=(0, 1)),
     Item("eval-stability-suite-layout", "stability eval as the test suite runs engines (in-process, 1 thread)", 3,
-         _eval("stability", "--variants", "plain,mixed"), "dir", DEMO, env=SUITE_LAYOUT, ok_codes=(0, 1)),
+         _eval("stability", "--variants", "plain,mixed", *PROMPT_GATE), "dir", DEMO, env=SUITE_LAYOUT,
+         ok_codes=(0, 1)),
     Item("eval-agreement", "agreement eval (shared vs dedicated vs HF), demo model, default layout", 3,
-         _eval("agreement"), "dir", DEMO, ok_codes=(0, 1)),
+         _eval("agreement", *PROMPT_GATE), "dir", DEMO, ok_codes=(0, 1)),
     Item("eval-agreement-suite-layout", "agreement eval as the test suite runs engines", 3,
-         _eval("agreement"), "dir", DEMO, env=SUITE_LAYOUT, ok_codes=(0, 1)),
-    Item("eval-kv", "KV capacity, stock vs shared, and the plugin's memory", 2, _eval("kv"), "dir", DEMO,
+         _eval("agreement", *PROMPT_GATE), "dir", DEMO, env=SUITE_LAYOUT, ok_codes=(0, 1)),
+    Item("eval-kv", "KV capacity, stock vs shared, and the plugin's memory", 2, _eval("kv", *PROMPT_GATE), "dir", DEMO,
          ok_codes=(0, 1)),
     Item("eval-dataset-val", "the agent over the demo's validation split", 10,
-         _eval("dataset", "--questions", "demo/data/val.jsonl", "--corpus", "demo/corpus"), "dir", DEMO,
+         _eval("dataset", "--questions", "demo/data/val.jsonl", "--corpus", "demo/corpus"), "dir", DEMO_DEFAULT,
          ok_codes=(0, 1)),
     Item("eval-dataset-test", "the agent over the demo's held-out test split: read once per committed model", 10,
-         _eval("dataset", "--demo"), "dir", DEMO, ok_codes=(0, 1), sealed=True),
-    Item("demo-val", "the demo kit's figures on its validation split (model and calibration chosen on it)", 6,
-         ("{python}", "-m", "gatehead.demo.build", "evaluate", "--split", "val", "--device", "cpu", "--out", "{out}"),
-         "file", DEMO),
-    Item("demo-test", "the demo kit's held-out test figures: read once per committed model", 6,
-         ("{python}", "-m", "gatehead.demo.build", "evaluate", "--split", "test", "--device", "cpu", "--out", "{out}"),
-         "file", DEMO, sealed=True),
+         _eval("dataset", "--demo"), "dir", DEMO_DEFAULT, ok_codes=(0, 1), sealed=True),
+    Item("eval-threads-test", "the agent over the hand-written threads (test products): read once per committed model",
+         8, _eval("threads"), "dir", DEMO_DEFAULT, ok_codes=(0, 1), sealed=True),
+    Item("demo-val", "the demo kit's figures on its validation split (model and calibration chosen on it), default "
+         "gate", 12, _evaluate("val", "--adapter", "adapter-suffix"), "file", DEMO_DEFAULT),
+    Item("demo-test", "the demo kit's held-out test figures, default gate: read once per committed model", 12,
+         _evaluate("test", "--adapter", "adapter-suffix"), "file", DEMO_DEFAULT, sealed=True),
+    Item("demo-test-prompt", "the prompt-mode gate alone on the held-out test sets: read once per committed gate", 4,
+         _evaluate("test", "--adapter", "adapter", "--gate-only"), "file", DEMO, sealed=True),
     Item("agent-ttft", "answer time to first token after the gate vs cold, demo model", 2,
          ("{python}", "-m", "gatehead.benchmarks.agent_ttft", "--block-size", "32"), "stdout", DEMO),
     Item("guard-rates", "the degenerate-output guard's rates and engine-fault drill, demo model", 20,

@@ -200,21 +200,11 @@ def build_tiny(out_dir: str | Path, spec: TinySpec = TinySpec()) -> TinyModel:
 
 
 def demo_kit() -> tuple[Path, Path, Path]:
-    """(model, prompt-mode gate, suffix-mode gate) the demo-model fidelity tests run: the demo's default, or
-    with `GATEHEAD_TEST_DEMO=smollm2` the pretrained demo model and its gates (`demo/smollm2/`; the model
-    built on first use), to judge them before they are the default."""
-    import os
-
+    """(model, prompt-mode gate, suffix-mode gate) of the demo, the model built on first use."""
     from gatehead import demo
-
-    chosen = os.environ.get("GATEHEAD_TEST_DEMO", "default")
-    if chosen == "default":
-        return demo.MODEL_DIR, demo.ADAPTER_DIR, demo.SUFFIX_ADAPTER_DIR
-    if chosen != "smollm2":
-        raise ValueError(f"GATEHEAD_TEST_DEMO={chosen!r}: choose default or smollm2")
     from gatehead.demo.finetune import ensure_demo_model
 
-    return ensure_demo_model(), demo.PRETRAINED_ADAPTER_DIR, demo.PRETRAINED_SUFFIX_ADAPTER_DIR
+    return ensure_demo_model(), demo.ADAPTER_DIR, demo.SUFFIX_ADAPTER_DIR
 
 
 # ----- the scripted engine and store ------------------------------------------------------------

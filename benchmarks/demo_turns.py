@@ -1,16 +1,17 @@
 """The demo as a user meets it: time to ready, the first turn, then each gate and each answered turn.
 
 Run by hand: `python -m gatehead.benchmarks.demo_turns [--dtype auto|bfloat16|float32] [--no-warm-up]
-[--runs 3] [--setups 12.8m,smollm2,smollm2-suffix] [--out FILE]`. Each run starts the engine as `gatehead
+[--runs 3] [--setups suffix,prompt] [--out FILE]`. Each run starts the engine as `gatehead
 demo` does (the demo model and gate, eager, 256 MiB of KV), opens the demo index, and asks the scripted demo
 questions (`gatehead demo`'s) in their threads, twice over: the first pass's first turn is what a user waits
 for after start, and every later turn is timed as it comes. Per run: seconds to ready (engine start and,
 unless `--no-warm-up`, `SharedEngine.warm_up`), the first gate and first turn, and the medians of the gate
 call (every gate node) and of the answered turns after the first; then medians of the runs with their
 spread. `--no-warm-up` measures the engine as it was before warm-up existed. The dtype line and the CPU kind
-say what ran (runtime/dtype.py). `--setups` names the models and gates compared (`SETUPS`: the 12.8 M demo
-model, the SmolLM2 demo model with its prompt-mode or suffix-mode gate); their runs are interleaved (run 1
-of each, then run 2 of each, ...) so that every setup meets the same machine. Writes JSON; asserts nothing.
+say what ran (runtime/dtype.py). `--setups` names the gates compared (`SETUPS`: the demo model with its
+suffix-mode gate, the default, or its prompt-mode gate); their runs are interleaved (run 1 of each, then
+run 2 of each, ...) so that every setup meets the same machine. Writes JSON; asserts nothing. (The results
+files named `12.8m` were measured on the 12.8 M model that came before, in git history.)
 """
 
 from __future__ import annotations
@@ -29,9 +30,7 @@ from gatehead import demo
 from gatehead.runtime.dtype import KIND_NAMES, cpu_kind, dtype_reason
 
 # name: (model, gate adapter)
-SETUPS = {"12.8m": (demo.MODEL_DIR, demo.ADAPTER_DIR), "12.8m-suffix": (demo.MODEL_DIR, demo.SUFFIX_ADAPTER_DIR),
-          "smollm2": (demo.PRETRAINED_DIR, demo.PRETRAINED_ADAPTER_DIR),
-          "smollm2-suffix": (demo.PRETRAINED_DIR, demo.PRETRAINED_SUFFIX_ADAPTER_DIR)}
+SETUPS = {"suffix": (demo.MODEL_DIR, demo.SUFFIX_ADAPTER_DIR), "prompt": (demo.MODEL_DIR, demo.ADAPTER_DIR)}
 
 
 def _median_spread(values: list[float]) -> dict[str, float]:
@@ -69,21 +68,19 @@ async def _session(engine, store, warm_up: bool, started: float) -> dict:
             "turns": len(turns), "answered_turns": len(answered) + (turns[0][1] == "answer")}
 
 
-def one_run(dtype: str, warm_up: bool, setup: str = "12.8m") -> dict:
+def one_run(dtype: str, warm_up: bool, setup: str = "suffix") -> dict:
     from gatehead.cli.common import chosen_model
     from gatehead.demo.index import CORPUS, demo_store_config
     from gatehead.retrieval.store import open_store
     from gatehead.runtime.engine import EngineConfig, SharedEngine
 
     model, adapter = SETUPS[setup]
-    model = chosen_model(model)  # the SmolLM2 demo model is built on first use
+    model = chosen_model(model)  # the demo model is built on first use
     store = open_store(demo_store_config(), (CORPUS,), log=lambda m: print(m, file=sys.stderr))
     try:
         started = time.perf_counter()
         engine = SharedEngine(EngineConfig(model=model, adapter=adapter, enforce_eager=True,
-                                           kv_cache_memory_bytes=256 << 20, dtype=dtype,
-                                           # SmolLM2's 8,192 positions do not fit 256 MiB in fp32
-                                           max_model_len=4096 if model != str(demo.MODEL_DIR) else None))
+                                           kv_cache_memory_bytes=256 << 20, dtype=dtype))
         try:
             figures = asyncio.run(_session(engine, store, warm_up, started))
         finally:
@@ -99,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
     parser.add_argument("--no-warm-up", action="store_true", help="start as before SharedEngine.warm_up existed")
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--setups", default="12.8m", help=f"comma-separated, of {', '.join(SETUPS)}")
+    parser.add_argument("--setups", default="suffix", help=f"comma-separated, of {', '.join(SETUPS)}")
     parser.add_argument("--out", type=Path, help="write the JSON here too")
     args = parser.parse_args(argv)
     setups = args.setups.split(",")

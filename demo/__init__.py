@@ -1,5 +1,5 @@
-"""The demo kit: a small trained model, its gate adapters and a corpus that run out of the box, and the
-pretrained model that is to replace it (a registry base with the committed generator merged at setup)."""
+"""The demo kit: a pretrained model built at setup (a registry base with the committed generator merged in),
+its two gate adapters and a corpus that run out of the box."""
 
 import os
 from pathlib import Path
@@ -12,12 +12,13 @@ def cache_root() -> Path:
     return Path(os.environ.get("GATEHEAD_CACHE") or DEMO_DIR.parent / ".cache")
 
 
-MODEL_DIR = DEMO_DIR / "model"  # the 12.8 M model trained from scratch (docs/demo-model-history.md)
-ADAPTER_DIR = DEMO_DIR / "adapter"
+# The demo model: SmolLM2-135M-Instruct from the package registry (`gatehead.demo.base`) with the committed
+# generator merged in (`gatehead.demo.finetune.ensure_demo_model`), built under the cache by `make base` and
+# on first use; its two gates are committed here (docs/demo-model.md). The 12.8 M model trained from scratch
+# that came before it lives in git history (docs/demo-model-history.md).
+MODEL_DIR = cache_root() / "demo-model"
+ADAPTER_DIR = DEMO_DIR / "adapter"  # the prompt-mode gate
 SUFFIX_ADAPTER_DIR = DEMO_DIR / "adapter-suffix"  # the same gate task as a suffix-mode (activated) gate
-# The demo model on a pretrained base, not yet the default: SmolLM2-135M-Instruct (`gatehead.demo.base`) with
-# the committed generator merged in (`gatehead.demo.finetune.ensure_demo_model`), built under the cache by
-# `make base`, and its two gates (docs/demo-model.md).
-PRETRAINED_DIR = cache_root() / "demo-model"
-PRETRAINED_ADAPTER_DIR = DEMO_DIR / "smollm2" / "adapter"
-PRETRAINED_SUFFIX_ADAPTER_DIR = DEMO_DIR / "smollm2" / "adapter-suffix"
+# The gate the demo runs by default: the suffix-mode gate, whose prefill is the answer's (its gate reads
+# the answer prompt's KV from the prefix cache), at its validation accuracy (docs/demo-model.md).
+DEFAULT_ADAPTER_DIR = SUFFIX_ADAPTER_DIR

@@ -6,11 +6,13 @@
 - label: retrieves for every question with the real retriever, keeps those whose retrieval behaves
   as the label says, writes `demo/data/{train,val,test}.jsonl`, `demo/data/phrased-{split}.jsonl`
   and, from the hand-written questions (`demo/handwritten.jsonl`), `demo/data/handwritten-test.jsonl` (CPU);
-- train-model: tokenizer and language model, in the stages of `demo_recipe()`, written to
-  `demo/model` (CUDA if present, else CPU);
-- train-gate: the gate adapter on it, calibrated on val, evaluated on test: `demo/adapter` and
+- train-model: a tokenizer and language model trained from scratch, in the stages of `demo_recipe()`,
+  written to `<out-dir>/model` (CUDA if present, else CPU): how the 12.8 M model that came before the
+  pretrained demo model was made (docs/demo-model-history.md);
+- train-gate: the gate adapter on a model (`--model`, default the demo model: the registry's base with the
+  committed generator merged, `gatehead.demo.finetune`), calibrated on val: `demo/adapter` and
   `demo/report.json` (the two training stages need PyTorch only);
-- evaluate: the held-out figures again, from the committed model and adapter.
+- evaluate: the figures again, from the committed model and adapter.
 The committed outputs make every stage optional for users of the demo.
 """
 
@@ -27,7 +29,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gatehead.demo import ADAPTER_DIR, DEMO_DIR, MODEL_DIR
+from gatehead.demo import ADAPTER_DIR, DEMO_DIR
 
 if TYPE_CHECKING:
     from gatehead.demo.train import LMConfig, ModelSpec
@@ -272,7 +274,7 @@ def train_gate_and_report(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, s
     records = {split: training_records(data_dir, phrasings, split)[:40 if smoke else None]
                for split in ("train", "val")}
     records["test"] = _read_jsonl(data_dir / "test.jsonl")[:40 if smoke else None]
-    model_dir, adapter_dir = model_dir or MODEL_DIR, out_dir / adapter_name
+    model_dir, adapter_dir = model_dir or _demo_model(), out_dir / adapter_name
 
     def gate_examples(rows: list[dict], name: str):
         # A search question, once rewritten and retrieved again, is an answerable one.
@@ -321,7 +323,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--split", choices=["val", "test"], default="val",
                         help="evaluate: the split whose evaluation sets are measured (choose on val)")
     parser.add_argument("--out", type=Path, help="evaluate: write the figures to this JSON file")
-    parser.add_argument("--model", type=Path, help="train-gate, evaluate: the model directory (default: demo/model)")
+    parser.add_argument("--model", type=Path, help="train-gate, evaluate: the model (default: the demo model)")
     parser.add_argument("--adapter", default="adapter",
                         help="train-gate, evaluate: the adapter's directory name under --out-dir (demo/)")
     parser.add_argument("--activation", choices=["prompt", "suffix"], default="prompt",
@@ -372,7 +374,7 @@ def evaluate_stage(split: str, out: Path | None = None, device: str | None = Non
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     started = time.time()
-    model_dir = model_dir or MODEL_DIR
+    model_dir = model_dir or _demo_model()
     figures = evaluate_sets(model_dir, adapter_dir, DATA_DIR, split, device, answers=answers)
     weights = sorted(model_dir.glob("*.safetensors")) + [adapter_dir / "adapter_model.safetensors"]
     named = ("" if adapter_dir.name == "adapter" else f" --adapter {adapter_dir.name}") + \
@@ -385,6 +387,13 @@ def evaluate_stage(split: str, out: Path | None = None, device: str | None = Non
     if out is not None:
         _write_json(out, result)
     return result
+
+
+def _demo_model() -> Path:
+    """The demo model, built on first use."""
+    from gatehead.demo.finetune import ensure_demo_model
+
+    return ensure_demo_model()
 
 
 def _kit_name(path: Path) -> str:

@@ -258,10 +258,10 @@ def merge(base_dir: Path, lora_dir: Path, out_dir: Path) -> str:
 def ensure_demo_model(target: Path | None = None, gguf: Path | None = None, generator: Path = GENERATOR_DIR) -> Path:
     """The demo model: the committed generator merged into the recorded base, checked against
     `MERGED_SHA256`; reused when its record says so, else built (the base converted first if needed)."""
-    from gatehead.demo import PRETRAINED_DIR
+    from gatehead.demo import MODEL_DIR
     from gatehead.demo.base import PROVENANCE, WEIGHTS, BaseModelError, ensure_base, provenance
 
-    target = target or PRETRAINED_DIR
+    target = target or MODEL_DIR
     record = provenance(target)
     if record and record.get("weights_sha256") == MERGED_SHA256 and (target / WEIGHTS).is_file():
         return target

@@ -73,6 +73,27 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.branch must be True, False or 'suffix-only', got {self.branch!r}")
 
 
+def kv_bytes_per_token(hf_config, dtype: str) -> int:
+    """KV-cache bytes one token takes in every layer (keys and values) of a Llama/Qwen-style model."""
+    heads = getattr(hf_config, "num_key_value_heads", None) or hf_config.num_attention_heads
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+    return 2 * hf_config.num_hidden_layers * heads * head_dim * (4 if dtype == "float32" else 2)
+
+
+def default_window(hf_config, config: EngineConfig) -> int:
+    """The context window when none is given: the model's, or, where an explicit KV size cannot hold one
+    request of that length (vLLM refuses to start then), the longest that fits, in whole 256-token steps."""
+    window = int(hf_config.max_position_embeddings)
+    if config.kv_cache_memory_bytes is None:
+        return window
+    fits = config.kv_cache_memory_bytes // kv_bytes_per_token(hf_config, config.dtype) // 256 * 256
+    if fits < window:
+        logging.getLogger("gatehead").info(
+            "context window %d tokens: the model's %d do not fit the %d MiB KV cache in %s (give max_model_len "
+            "or more KV memory to change it)", fits, window, config.kv_cache_memory_bytes >> 20, config.dtype)
+    return max(min(window, fits), 256)
+
+
 @dataclass(frozen=True)
 class Generation:
     """One finished generation."""
@@ -108,7 +129,7 @@ class SharedEngine:
         model_dir = Path(config.model)
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         hf_config = AutoConfig.from_pretrained(model_dir)
-        self.max_model_len = config.max_model_len or int(hf_config.max_position_embeddings)
+        self.max_model_len = config.max_model_len or default_window(hf_config, config)
         self.adapter: GateAdapter | None = None
         self.action_ids: tuple[int, ...] = ()
         self.suffix_ids: tuple[int, ...] = ()

@@ -235,7 +235,7 @@ def demo_engine(gate: bool) -> Iterator:
     from gatehead.runtime.engine import EngineConfig, SharedEngine
     from gatehead.testing import demo_kit
 
-    model, adapter, _ = demo_kit()  # GATEHEAD_TEST_DEMO=smollm2: the pretrained demo model
+    model, adapter, _ = demo_kit()
     engine = SharedEngine(EngineConfig(model=model, adapter=adapter if gate else None, enforce_eager=True,
                                        memory_fraction=0.1, block_size=32, max_model_len=2048))
     try:

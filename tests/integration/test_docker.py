@@ -78,7 +78,8 @@ def test_images_run_gatehead_serve_configured_by_variables_it_reads() -> None:
     build_parser().parse_args([ingest["entrypoint"][1], *ingest["command"]])  # flags `gatehead ingest` takes
 
 
-@pytest.mark.parametrize("part", ["gatehead/demo/model/config.json", "gatehead/demo/adapter/adapter_config.json",
+@pytest.mark.parametrize("part", ["gatehead/demo/generator/adapter_config.json",
+                                  "gatehead/demo/adapter/adapter_config.json", "gatehead/demo/adapter-suffix/gate.json",
                                   "gatehead/demo/corpus/orders/bs-370.md", "gatehead/server/static/chat.js"])
 def test_an_installed_package_carries_the_demo_kit_and_the_chat_page(part: str, wheel: set[str]) -> None:
     assert part in wheel

@@ -226,9 +226,9 @@ CHILD = textwrap.dedent('''
     import asyncio, json, os, signal, sys
     from gatehead.agent import Agent
     from gatehead.agent.checkpoint import open_checkpointer
-    from gatehead.demo import ADAPTER_DIR, MODEL_DIR
     from gatehead.demo.index import open_demo_store
     from gatehead.runtime.engine import EngineConfig, SharedEngine
+    from gatehead.testing import demo_kit
 
     class Counting:
         """The real engine, counting calls; with crash=True it kills this process when the answer starts."""
@@ -261,7 +261,8 @@ CHILD = textwrap.dedent('''
     if __name__ == "__main__":
         mode = sys.argv[1]
         store = open_demo_store(sys.argv[2])
-        engine = Counting(SharedEngine(EngineConfig(model=MODEL_DIR, adapter=ADAPTER_DIR, enforce_eager=True,
+        model, adapter, _ = demo_kit()
+        engine = Counting(SharedEngine(EngineConfig(model=model, adapter=adapter, enforce_eager=True,
                                                     memory_fraction=0.1, block_size=32, max_model_len=2048)),
                           crash=mode == "crash")
         try:

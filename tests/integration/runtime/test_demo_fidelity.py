@@ -19,7 +19,7 @@ from gatehead.runtime.dedicated import export_dedicated
 from gatehead.runtime.engine import SharedEngine
 from gatehead.testing import demo_kit
 
-MODEL_DIR, ADAPTER_DIR, _ = demo_kit()  # GATEHEAD_TEST_DEMO=smollm2: the pretrained demo model
+MODEL_DIR, ADAPTER_DIR, _ = demo_kit()
 
 MAX_LEN = 2048
 

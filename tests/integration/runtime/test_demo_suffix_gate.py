@@ -14,7 +14,7 @@ from gatehead.gate.reference import HFReference
 from gatehead.runtime.engine import EngineConfig, SharedEngine
 from gatehead.testing import demo_kit
 
-MODEL_DIR, _, SUFFIX_ADAPTER_DIR = demo_kit()  # GATEHEAD_TEST_DEMO=smollm2: the pretrained demo model
+MODEL_DIR, _, SUFFIX_ADAPTER_DIR = demo_kit()
 
 N = 256
 

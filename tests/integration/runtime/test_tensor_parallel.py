@@ -44,7 +44,9 @@ def test_trained_gate_under_tp2_in_bf16_matches_tp1(demo_shared, demo_gates, dem
     above pins the sharding.) On 128 gates: over the first 64 the bound's floor (the largest gate move
     of TP=1 and of the merge) was smaller than one gate's TP=2 move on an AMX host.
     """
-    from gatehead.demo import ADAPTER_DIR, MODEL_DIR
+    from gatehead.testing import demo_kit
+
+    MODEL_DIR, ADAPTER_DIR, _ = demo_kit()
 
     n = 128
     gates = demo_gates[:n]

@@ -38,7 +38,9 @@ class LiveServer:
     def __init__(self, workdir: Path) -> None:
         import uvicorn
 
-        from gatehead.demo import ADAPTER_DIR, MODEL_DIR
+        from gatehead.testing import demo_kit
+
+        MODEL_DIR, ADAPTER_DIR, _ = demo_kit()
         from gatehead.demo.index import COLLECTION, open_demo_store
         from gatehead.retrieval.config import StoreConfig
         from gatehead.runtime.canary import CanaryConfig
