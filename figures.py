@@ -363,7 +363,34 @@ def _eval_figures(r: dict) -> str:
         em = f"; answer EM {answers['exact_match']:.3f} over {answers['scored']}" if answers.get("scored") else ""
         return (f"{r['questions']} questions: accuracy {r['accuracy']:.3f}, recall {recall}, ECE {r['ece']:.3f}, "
                 f"AURC {r['aurc']:.3f}, planted-instruction flips {r['injection_flip_rate']:.3f}{em}")
+    if r["eval"] == "threads":
+        f = r["figures"]
+        return (f"{f['threads']} threads, {f['turns']} turns: right value {_rate(f['right_value_on_answerable'])} of "
+                f"answerable turns, rewrites adding a name {f['rewrites_adding_a_name']['used']} used "
+                f"({f['rewrites_adding_a_name']['model']} written)")
     raise ValueError(f"no README line for eval {r['eval']!r}")
+
+
+def _rate(x: dict) -> str:
+    return f"{x['rate']:.1%} ({x['right']} of {x['turns']})" if x["turns"] else "- (0 turns)"
+
+
+def _threads_eval_view(envelopes: list[dict]) -> str:
+    """`gatehead eval threads`: the hand-written threads through the whole agent, a row per figure."""
+    from gatehead.evals.run import table
+
+    [e] = envelopes
+    f = e["results"]["figures"]
+    rows = [["right value, answerable turns", _rate(f["right_value_on_answerable"])],
+            ["right value, answerable follow-ups", _rate(f["follow_ups_on_answerable"])],
+            ["refused where expected", _rate(f["refused_where_expected"])],
+            ["asked back where expected (nothing to refer to)", _rate(f["asked_back_where_expected"])],
+            *[[f"case: {case}", _rate(x)] for case, x in f["by_case"].items()],
+            ["rewrites adding a name: written by the model / used", f"{f['rewrites_adding_a_name']['model']} / "
+             f"{f['rewrites_adding_a_name']['used']}"],
+            ["answers flagged `grounded: false`", f["answers_flagged_ungrounded"]],
+            ["turns that failed", f["errors"]]]
+    return (_measured(e) + f"; {f['threads']} threads, {f['turns']} turns.\n\n" + table(["figure", "value"], rows))
 
 
 def _evals_view(envelopes: list[dict]) -> str:
@@ -580,7 +607,8 @@ VIEWS = {"bench": _bench_view, "bench-threads": _threads_view, "demo-sets": _dem
          "gpu-branch": _gpu_branch_view}
 MULTI_VIEWS = {"gate-modes": _gate_modes_view}  # of several results files, comma-separated
 # Views of `docs/figures/` envelopes (several, comma-separated, for "evals").
-ENVELOPE_VIEWS = {"evals": _evals_view, "agent-ttft": _ttft_view, "suffix-latency": _suffix_latency_view,
+ENVELOPE_VIEWS = {"evals": _evals_view, "threads-eval": _threads_eval_view, "agent-ttft": _ttft_view,
+                  "suffix-latency": _suffix_latency_view,
                   "guard-rates": _guard_view, "tests-tiny": lambda e: _tests_view(e, "tiny/"),
                   "tests-demo": lambda e: _tests_view(e, "demo/"), "soak": _soak_view}
 
