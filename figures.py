@@ -105,18 +105,18 @@ ITEMS: tuple[Item, ...] = (
          _eval("agreement", *PROMPT_GATE), "dir", DEMO, env=SUITE_LAYOUT, ok_codes=(0, 1)),
     Item("eval-kv", "KV capacity, stock vs shared, and the plugin's memory", 2, _eval("kv", *PROMPT_GATE), "dir", DEMO,
          ok_codes=(0, 1)),
-    Item("eval-dataset-val", "the agent over the demo's validation split", 10,
+    Item("eval-dataset-val", "the agent over the demo's validation split", 20,
          _eval("dataset", "--questions", "demo/data/val.jsonl", "--corpus", "demo/corpus"), "dir", DEMO_DEFAULT,
          ok_codes=(0, 1)),
-    Item("eval-dataset-test", "the agent over the demo's held-out test split: read once per committed model", 10,
+    Item("eval-dataset-test", "the agent over the demo's held-out test split: read once per committed model", 20,
          _eval("dataset", "--demo"), "dir", DEMO_DEFAULT, ok_codes=(0, 1), sealed=True),
     Item("eval-threads-test", "the agent over the hand-written threads (test products): read once per committed model",
          8, _eval("threads"), "dir", DEMO_DEFAULT, ok_codes=(0, 1), sealed=True),
     Item("demo-val", "the demo kit's figures on its validation split (model and calibration chosen on it), default "
-         "gate", 12, _evaluate("val", "--adapter", "adapter-suffix"), "file", DEMO_DEFAULT),
-    Item("demo-test", "the demo kit's held-out test figures, default gate: read once per committed model", 12,
+         "gate", 40, _evaluate("val", "--adapter", "adapter-suffix"), "file", DEMO_DEFAULT),
+    Item("demo-test", "the demo kit's held-out test figures, default gate: read once per committed model", 45,
          _evaluate("test", "--adapter", "adapter-suffix"), "file", DEMO_DEFAULT, sealed=True),
-    Item("demo-test-prompt", "the prompt-mode gate alone on the held-out test sets: read once per committed gate", 4,
+    Item("demo-test-prompt", "the prompt-mode gate alone on the held-out test sets: read once per committed gate", 20,
          _evaluate("test", "--adapter", "adapter", "--gate-only"), "file", DEMO, sealed=True),
     Item("agent-ttft", "answer time to first token after the gate vs cold, demo model", 2,
          ("{python}", "-m", "gatehead.benchmarks.agent_ttft", "--block-size", "32"), "stdout", DEMO),
@@ -125,7 +125,7 @@ ITEMS: tuple[Item, ...] = (
     Item("suffix-latency", "prompt-mode vs suffix-mode gate latency at ~1,900 tokens, demo model", 2,
          ("{python}", "-m", "gatehead.benchmarks.suffix_latency", "--out", "{out}"), "file", DEMO_BOTH),
     Item("fidelity", "fidelity and tensor-parallel tests with their figures (tiny and demo models), as the suite "
-         "runs engines", 25, _pytest(*FIDELITY_TESTS), "file", DEMO, env={**SUITE_LAYOUT, **FIGURES_ENV},
+         "runs engines", 35, _pytest(*FIDELITY_TESTS), "file", DEMO, env={**SUITE_LAYOUT, **FIGURES_ENV},
          ok_codes=(0, 1)),
     Item("fidelity-emulated", "the same as a CPU with AVX-512F and no bf16 computes (GATEHEAD_TEST_CPU_ISA=avx512): "
          "dtype auto runs fp32 there", 35, _pytest(*FIDELITY_TESTS), "file", DEMO,
@@ -140,7 +140,7 @@ ITEMS: tuple[Item, ...] = (
          5, ("bash", "-c", "set -e; mkdir -p {dir}; for i in 1 2 3; do {python} -m gatehead.benchmarks.gpu_branch "
              "> {dir}/run$i.json; done; {python} -m gatehead.benchmarks.gpu_branch --combine {dir}/run1.json "
              "{dir}/run2.json {dir}/run3.json > {out}"), "file", (), cuda=True),
-    Item("bench-demo", "gatehead bench, every setup and workload, demo model", 10,
+    Item("bench-demo", "gatehead bench, every setup and workload, demo model", 20,
          ("{gatehead}", "bench", "--model", "demo", "--block-size", "32", "--out", "{out}"), "file", DEMO_BOTH),
     Item("bench-random", "gatehead bench on the 0.36 B random model (where the targets are set)", 120,
          ("{gatehead}", "bench", "--model", "random", "--block-size", "32", "--memory-fraction", "0.2",

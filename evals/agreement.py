@@ -138,6 +138,10 @@ def run_agreement(config, m: int = 256, out=None, work_dir=None):
     from gatehead.runtime.dedicated import export_dedicated
 
     adapter = load_gate_adapter(config.adapter, config.model)
+    if adapter.suffix_mode:  # before any engine starts: the dedicated peer exists for prompt-mode gates only
+        raise ValueError(f"{config.adapter} is a suffix-mode (activated) gate: the agreement eval compares the shared "
+                         "engine with a dedicated engine, which holds prompt-mode gates only; suffix-mode gates are "
+                         "judged against their PEFT reference (tests/integration/runtime/test_demo_suffix_gate.py)")
     window = config.max_model_len or 2048
     builder, _ = prompt_builder(config.model, config.adapter, window)
     gates, generations = build_prompts(builder, m, 3, "gate"), build_prompts(builder, min(m, 64), 4, "answer")

@@ -49,15 +49,18 @@ def test_a_stale_table_a_missing_file_and_another_model_are_caught(tmp_path: Pat
 
 def test_a_demo_kit_results_file_of_other_weights_is_caught(tmp_path: Path) -> None:
     """`demo.build evaluate` files carry the weights' sha256 prefixes; the README check compares them."""
-    source = "demo/results/test-sets-adapter-suffix.json"
-    results = json.loads((figures.ROOT / source).read_text())
-    for rel in results["weights_sha256"]:
-        (tmp_path / "demo" / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(figures.ROOT / "demo" / rel, tmp_path / "demo" / rel)
+    import hashlib
+
+    source = "results/test-sets.json"
+    weights = "adapter-suffix/adapter_model.safetensors"
+    (tmp_path / "demo" / weights).parent.mkdir(parents=True)
+    shutil.copy(figures.ROOT / "demo" / weights, tmp_path / "demo" / weights)
+    # A results file's shape (an earlier model's figures, kept in the history) naming the committed gate.
+    results = json.loads((figures.ROOT / "docs/history/12.8m-figures/demo-test.json").read_text())["results"]
+    results["weights_sha256"] = {weights: hashlib.sha256((tmp_path / "demo" / weights).read_bytes()).hexdigest()[:16]}
     (tmp_path / source).parent.mkdir(parents=True)
-    shutil.copy(figures.ROOT / source, tmp_path / source)
-    block = f"<!-- figures {source} gate-modes -->\n{render_block(source, 'gate-modes', tmp_path)}<!-- /figures -->"
+    (tmp_path / source).write_text(json.dumps(results))
+    block = f"<!-- figures {source} demo-sets -->\n{render_block(source, 'demo-sets', tmp_path)}<!-- /figures -->"
     assert readme_problems(block, tmp_path) == []
-    (tmp_path / "demo/adapter-suffix/adapter_model.safetensors").write_bytes(b"retrained")
-    assert readme_problems(block, tmp_path) == [
-        f"{source}: measured on other weights than the committed adapter-suffix/adapter_model.safetensors"]
+    (tmp_path / "demo" / weights).write_bytes(b"retrained")
+    assert readme_problems(block, tmp_path) == [f"{source}: measured on other weights than the committed {weights}"]

@@ -177,6 +177,20 @@ def test_eval_agreement_on_the_tiny_model(tiny: TinyModel, tmp_path: Path) -> No
     assert not report["trained_adapter"] and report["judged_on_dp_only"]  # a random adapter: |dp| alone
 
 
+def test_eval_agreement_refuses_a_suffix_mode_gate_before_any_engine_starts(tiny_suffix: TinyModel, tmp_path: Path,
+                                                                             monkeypatch) -> None:
+    from gatehead.evals import agreement
+    from gatehead.runtime.engine import EngineConfig
+
+    def no_engine(config):
+        raise AssertionError("an engine was started for a gate the eval cannot judge")
+
+    monkeypatch.setattr(agreement, "SharedEngine", no_engine)
+    config = EngineConfig(model=tiny_suffix.model_dir, adapter=tiny_suffix.adapter_dir, max_model_len=512)
+    with pytest.raises(ValueError, match="suffix-mode .* holds prompt-mode gates only"):
+        agreement.run_agreement(config, 4, tmp_path / "out")
+
+
 def test_eval_kv_on_the_tiny_model(tiny: TinyModel, tmp_path: Path) -> None:
     result = run("kv", "--model", str(tiny.model_dir), "--adapter", str(tiny.adapter_dir), "--max-model-len", "1024",
                  "--block-size", "32", "--out", str(tmp_path / "k"), "--ledger", str(tmp_path / "ledger.jsonl"),

@@ -63,3 +63,21 @@ def test_an_explicit_bf16_runs_where_it_is_emulated_and_warns(cpu, caplog) -> No
 def test_an_unknown_dtype_is_refused_naming_the_choices() -> None:
     with pytest.raises(ValueError, match="auto, bfloat16, float32, float16"):
         EngineConfig(model="m", dtype="bf16")
+
+
+def test_an_explicit_kv_size_bounds_the_default_window_to_what_fits(caplog) -> None:
+    """SmolLM2-135M's shape: 8,192 positions take 360 MiB of KV in fp32 and 180 MiB in bf16; a 256 MiB pool
+    holds one request of 5,825 tokens in fp32, so the window defaults to 5,632 (whole 256-token steps)."""
+    from types import SimpleNamespace
+
+    from gatehead.runtime.engine import default_window, kv_bytes_per_token
+
+    shape = SimpleNamespace(max_position_embeddings=8192, num_hidden_layers=30, num_attention_heads=9,
+                            num_key_value_heads=3, head_dim=64, hidden_size=576)
+    assert kv_bytes_per_token(shape, "float32") == 2 * 30 * 3 * 64 * 4 == 2 * kv_bytes_per_token(shape, "bfloat16")
+    with caplog.at_level(logging.INFO, logger="gatehead"):
+        assert default_window(shape, EngineConfig(model="m", dtype="float32", kv_cache_memory_bytes=256 << 20)) == 5632
+    assert "context window 5632 tokens: the model's 8192 do not fit the 256 MiB KV cache in float32" in caplog.text
+    assert default_window(shape, EngineConfig(model="m", dtype="bfloat16", kv_cache_memory_bytes=256 << 20)) == 8192
+    assert default_window(shape, EngineConfig(model="m", dtype="float32")) == 8192  # sized by memory fraction
+    assert default_window(shape, EngineConfig(model="m", dtype="float32", kv_cache_memory_bytes=1 << 20)) == 256
