@@ -20,8 +20,9 @@ import platform
 import statistics
 import time
 
-from gatehead.demo import ADAPTER_DIR, MODEL_DIR
+from gatehead.demo import ADAPTER_DIR
 from gatehead.demo.build import held_out_examples
+from gatehead.demo.finetune import ensure_demo_model
 from gatehead.gate.prompt import Turn
 from gatehead.runtime.engine import EngineConfig, SharedEngine
 
@@ -73,7 +74,7 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="vLLM compile mode instead of eager")
     parser.add_argument("--block-size", type=int, help="KV block size (default: vLLM's; prefix hits are whole blocks)")
     args = parser.parse_args()
-    engine = SharedEngine(EngineConfig(model=MODEL_DIR, adapter=ADAPTER_DIR, enforce_eager=not args.compile,
+    engine = SharedEngine(EngineConfig(model=ensure_demo_model(), adapter=ADAPTER_DIR, enforce_eager=not args.compile,
                                        kv_cache_memory_bytes=256 << 20, max_model_len=2048,
                                        block_size=args.block_size))
     block_size = engine.llm.vllm_config.cache_config.block_size

@@ -90,13 +90,14 @@ async def engine_faults(engine, prompts, config: GuardConfig) -> dict:
 
 
 async def run(limit: int | None, config: GuardConfig, engine_fault_count: int = 0) -> dict:
-    from gatehead.demo import ADAPTER_DIR, MODEL_DIR
+    from gatehead.demo import ADAPTER_DIR
     from gatehead.demo.build import held_out_examples
+    from gatehead.demo.finetune import ensure_demo_model
     from gatehead.runtime.engine import EngineConfig, SharedEngine
 
     r = random.Random(0)
     examples = held_out_examples(("train", "val", "test"))[:limit]
-    engine = SharedEngine(EngineConfig(model=MODEL_DIR, adapter=ADAPTER_DIR, kv_cache_memory_bytes=512 << 20,
+    engine = SharedEngine(EngineConfig(model=ensure_demo_model(), adapter=ADAPTER_DIR, kv_cache_memory_bytes=512 << 20,
                                        max_model_len=2048, enforce_eager=True, block_size=32))
     try:
         tokenizer, forbidden = engine.tokenizer, engine.gate_reserved

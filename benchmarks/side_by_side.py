@@ -444,10 +444,12 @@ def random_model(directory: Path) -> tuple[Path, Path, Path]:
 
 def main(args) -> int:
     """`gatehead bench` (arguments parsed by the CLI)."""
-    from gatehead.demo import ADAPTER_DIR, MODEL_DIR, SUFFIX_ADAPTER_DIR
+    from gatehead.demo import ADAPTER_DIR, SUFFIX_ADAPTER_DIR
+    from gatehead.demo.finetune import ensure_demo_model
 
     if args.model == "demo":
-        model, adapter, suffix, max_len = MODEL_DIR, ADAPTER_DIR, SUFFIX_ADAPTER_DIR, args.max_model_len or 2048
+        model, adapter, suffix = ensure_demo_model(), ADAPTER_DIR, SUFFIX_ADAPTER_DIR
+        max_len = args.max_model_len or 2048
     elif args.model == "random":
         model, adapter, suffix = random_model(Path(args.random_dir))
         max_len = args.max_model_len or 8192 + 512

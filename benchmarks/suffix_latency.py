@@ -40,11 +40,11 @@ def long_gate_prompt(engine, tokens: int) -> list[int]:
 
 
 def measure(adapter: Path, tokens: int, runs: int) -> dict:
-    from gatehead.demo import MODEL_DIR
+    from gatehead.demo.finetune import ensure_demo_model
     from gatehead.runtime.engine import EngineConfig, SharedEngine
 
-    engine = SharedEngine(EngineConfig(model=MODEL_DIR, adapter=adapter, enforce_eager=True, memory_fraction=0.1,
-                                       block_size=32, max_model_len=2048))
+    engine = SharedEngine(EngineConfig(model=ensure_demo_model(), adapter=adapter, enforce_eager=True,
+                                       memory_fraction=0.1, block_size=32, max_model_len=2048))
     try:
         prompt = long_gate_prompt(engine, tokens)
 
@@ -67,7 +67,8 @@ def measure(adapter: Path, tokens: int, runs: int) -> dict:
 
 
 def main() -> None:
-    from gatehead.demo import ADAPTER_DIR, DEMO_DIR, MODEL_DIR, SUFFIX_ADAPTER_DIR
+    from gatehead.demo import ADAPTER_DIR, SUFFIX_ADAPTER_DIR, kit_name
+    from gatehead.demo.finetune import ensure_demo_model
     from gatehead.evals.run import _commit, _versions, machine
     from gatehead.runtime.dtype import cpu_bf16_path
 
@@ -83,8 +84,8 @@ def main() -> None:
                          + (f" --runs {args.runs}" if args.runs != 3 else ""),
               "commit": _commit(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": machine(), "cpu_bf16_path": cpu_bf16_path(), "versions": _versions(),
-              "weights_sha256": {str(p.relative_to(DEMO_DIR)): hashlib.sha256(p.read_bytes()).hexdigest()[:16]
-                                 for d in (MODEL_DIR, ADAPTER_DIR, SUFFIX_ADAPTER_DIR)
+              "weights_sha256": {kit_name(p): hashlib.sha256(p.read_bytes()).hexdigest()[:16]
+                                 for d in (ensure_demo_model(), ADAPTER_DIR, SUFFIX_ADAPTER_DIR)
                                  for p in sorted(d.glob("*.safetensors"))},
               "gates": gates,
               "median_ratio_prompt_over_suffix": gates["prompt"]["median_s"] / gates["suffix"]["median_s"]}

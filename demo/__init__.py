@@ -22,3 +22,10 @@ SUFFIX_ADAPTER_DIR = DEMO_DIR / "adapter-suffix"  # the same gate task as a suff
 # The gate the demo runs by default: the suffix-mode gate, whose prefill is the answer's (its gate reads
 # the answer prompt's KV from the prefix cache), at its validation accuracy (docs/demo-model.md).
 DEFAULT_ADAPTER_DIR = SUFFIX_ADAPTER_DIR
+
+
+def kit_name(path: Path) -> str:
+    """A weights file as results files name it: its path under demo/, else its folder and name (the demo
+    model built under the cache: no machine's path in a results file)."""
+    path = Path(path)
+    return str(path.relative_to(DEMO_DIR)) if path.is_relative_to(DEMO_DIR) else f"{path.parent.name}/{path.name}"

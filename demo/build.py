@@ -29,7 +29,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gatehead.demo import ADAPTER_DIR, DEMO_DIR
+from gatehead.demo import ADAPTER_DIR, DEMO_DIR, kit_name
 
 if TYPE_CHECKING:
     from gatehead.demo.train import LMConfig, ModelSpec
@@ -382,7 +382,7 @@ def evaluate_stage(split: str, out: Path | None = None, device: str | None = Non
     result = {"command": f"python -m gatehead.demo.build evaluate --split {split}{named}", "split": split,
               "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
               "seconds": round(time.time() - started, 1),
-              "weights_sha256": {_kit_name(p): hashlib.sha256(p.read_bytes()).hexdigest()[:16] for p in weights},
+              "weights_sha256": {kit_name(p): hashlib.sha256(p.read_bytes()).hexdigest()[:16] for p in weights},
               "sets": figures}
     if out is not None:
         _write_json(out, result)
