@@ -95,8 +95,18 @@ def evaluate(model_dir: str | Path, adapter_dir: str | Path, records: Sequence[d
         "by_kind": {kind: {k: v for k, v in figures.items() if k in ("questions", "gate_accuracy")}
                     for kind, figures in by("kind").items()},
         **({"by_family": by("family")} if records and all(r.get("family") for r in records) else {}),
+        # Answer exact match by the gold document's type (products, orders, support, policies).
+        "by_document": {kind: {"answerable": len(got), "answer_exact_match": sum(got) / len(got)}
+                        for kind, got in _by_document(answerable, answer_hits).items()},
         "answer_misses": misses[:20],
     }
+
+
+def _by_document(answerable: Sequence[tuple[dict, object]], hits: Sequence[bool]) -> dict[str, list[bool]]:
+    groups: dict[str, list[bool]] = {}
+    for (r, _), hit in zip(answerable, hits, strict=True):
+        groups.setdefault(str(r.get("gold") or "-").split("/")[0], []).append(hit)
+    return dict(sorted(groups.items()))
 
 
 SETS = ("template", "phrased", "out_of_scope", "handwritten")

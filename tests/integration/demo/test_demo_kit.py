@@ -117,37 +117,24 @@ def test_committed_labels_hold_against_the_real_retriever(embedder, tmp_path: Pa
     assert {r["label"] for r in sample} == {"answer", "refuse", "search"}
 
 
-@pytest.mark.skipif(not (DEMO_DIR / "report.json").exists(), reason="no committed report")
-def test_held_out_figures_reproduce_from_the_committed_model() -> None:
-    from gatehead.demo.build import ADAPTER_DIR, MODEL_DIR
-    from gatehead.demo.evaluate import evaluate
+def test_validation_figures_reproduce_from_the_committed_model_and_gate() -> None:
+    """The committed report's out-of-scope validation figures (the gate alone), from the demo model built
+    here and the committed prompt-mode gate. Built on CUDA, re-run here on CPU in fp32: a borderline
+    question may land on the other side, so each figure may move by one question in its own denominator.
+    (The test split is read once, by `gatehead figures`, never by the suite.)"""
+    from gatehead.demo.build import DATA_DIR
+    from gatehead.demo.evaluate import evaluate, evaluation_sets
+    from gatehead.testing import demo_kit
 
-    report = json.loads((DEMO_DIR / "report.json").read_text())["test"]
-    figures = evaluate(MODEL_DIR, ADAPTER_DIR, rows("test"))
-    print(json.dumps({k: v for k, v in figures.items() if k not in ("gate", "answer_misses")}))
-    # Built on CUDA, re-run here on CPU in fp32: a borderline question may land on the other side. Every
-    # figure of the report is compared; each may move by at most the questions that can change (one gate
-    # decision, two generated answers), counted in its own denominator.
-    assert figures["questions"] == report["questions"] and figures["answerable"] == report["answerable"]
+    model, adapter, _ = demo_kit()
+    report = json.loads((adapter.parent / "report.json").read_text())["val_sets"]["out_of_scope"]
+    figures = evaluate(model, adapter, evaluation_sets(DATA_DIR, "val")["out_of_scope"], answers=False)
+    assert figures["questions"] == report["questions"] == 65
     assert figures["gate"]["support"] == report["gate"]["support"]
     moved = np.abs(np.array(figures["gate"]["confusion"]) - np.array(report["gate"]["confusion"])).sum()
     assert moved <= 2, (figures["gate"]["confusion"], report["gate"]["confusion"])  # one question: two cells
     assert abs(figures["gate"]["accuracy"] - report["gate"]["accuracy"]) <= 1 / figures["questions"] + 1e-9
-    for label, n in report["gate"]["support"].items():
-        assert abs(figures["gate"]["recall"][label] - report["gate"]["recall"][label]) <= 1 / n + 1e-9, label
-    assert figures["decision_mix"].keys() == report["decision_mix"].keys()
     assert all(abs(figures["decision_mix"][k] - v) <= 1 for k, v in report["decision_mix"].items())
-    answers = report["answerable"]
-    assert abs(figures["answer_exact_match"] - report["answer_exact_match"]) <= 2 / answers + 1e-9
-    search, refuse = report["gate"]["support"]["search"], report["gate"]["support"]["refuse"]
-    assert abs(figures["rewrite_exact_match"] - report["rewrite_exact_match"]) <= 2 / search + 1e-9
-    assert abs(figures["refusal_rate_on_refuse"] - report["refusal_rate_on_refuse"]) <= 2 / refuse + 1e-9
-    assert figures["by_kind"].keys() == report["by_kind"].keys()
-    for kind, kept in report["by_kind"].items():
-        now = figures["by_kind"][kind]
-        assert now["questions"] == kept["questions"], kind
-        assert abs(now["gate_accuracy"] - kept["gate_accuracy"]) <= 1 / kept["questions"] + 1e-9, kind
-    assert figures["gate"]["accuracy"] >= 0.9 and min(figures["gate"]["recall"].values()) >= 0.85
 
 
 def test_the_model_build_trains_then_continues_a_model(tmp_path: Path) -> None:
