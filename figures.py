@@ -35,6 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 FIGURES_DIR = ROOT / "docs" / "figures"
 LEDGER = "evals/demo-ledger.jsonl"  # append-only: every verdict on the demo model, failures included
+RUN_OUTPUTS = ("docs/figures", LEDGER)  # written by the items: not a change to the code measured
 # The demo model is built at setup from the pinned registry base and the committed generator LoRA (checked
 # against `demo.finetune.MERGED_SHA256`): the generator's folder is what identifies it in the repository.
 DEMO_MODEL, DEMO_ADAPTER, DEMO_SUFFIX_ADAPTER = "demo/generator", "demo/adapter", "demo/adapter-suffix"
@@ -284,7 +285,9 @@ def run_item(item: Item, figures_dir: Path = FIGURES_DIR, root: Path = ROOT, rer
     log = (log_dir or work) / f"{item.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     env = environment(item, out, folder)
-    commit, dirty = _git("rev-parse", "HEAD", root=root), bool(_git("status", "--porcelain", root=root))
+    commit = _git("rev-parse", "HEAD", root=root)
+    # What `gatehead figures` itself writes (the envelopes, the ledger) does not make the measured code dirty.
+    dirty = bool(_git("status", "--porcelain", "--", ".", *(f":!{p}" for p in RUN_OUTPUTS), root=root))
     done, started = threading.Event(), time.monotonic()
     bar = threading.Thread(target=_progress, args=(item.name, 60 * item.minutes, done), daemon=True)
     bar.start()

@@ -44,6 +44,14 @@ def test_a_finished_item_writes_its_envelope(root: Path, tmp_path: Path) -> None
                                                 text=True, check=True).stdout.strip()
     assert envelope["dirty"] is False and envelope["exit_code"] == 0
     assert envelope["fingerprints"] == {"model": fingerprint(root / "m")}
+    # An earlier item's envelope and the ledger in the tree leave it clean; a changed source does not.
+    (root / "docs" / "figures").mkdir(parents=True)
+    (root / "docs" / "figures" / "other.json").write_text("{}")
+    (root / "evals").mkdir()
+    (root / "evals" / "demo-ledger.jsonl").write_text("{}\n")
+    assert run_item(item(), out, root)["dirty"] is False
+    (root / "m" / "weights.bin").write_bytes(b"\x00\x02")
+    assert run_item(item(), out, root)["dirty"] is True
     assert envelope["command"].startswith("python -c ") and envelope["command"].endswith(" OUT.json")
     assert envelope["machine"]["cpus"] >= 1 and envelope["machine"]["bf16"] in ("AMX", "AVX-512 BF16", "emulated")
 
