@@ -93,7 +93,7 @@ def workdir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def server(workdir: Path):
     # Canaries only after errors: a timed check between two reads of an engine gauge would move it.
-    server = Server(workdir, "--max-inflight", "2", "--canary-interval", "0")
+    server = Server(workdir, "--max-inflight", "2", "--canary-interval", "0", "--max-model-len", "2048")
     yield server
     server.stop()
 
@@ -215,11 +215,10 @@ def test_openai_client_agent_and_plain_models(server: Server) -> None:
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == REFUSAL
     assert chunks[-1].choices[0].finish_reason == "stop" and chunks[-1].model_extra["gatehead"]["decision"] == "refuse"
-    plain = client.chat.completions.create(model="gatehead-demo", max_tokens=5,
-                                           messages=[{"role": "user", "content": "Say hello."}])
+    poem = [{"role": "user", "content": "Write a long poem about the sea."}]
+    plain = client.chat.completions.create(model="gatehead-demo", max_tokens=5, messages=poem)
     assert plain.usage.completion_tokens == 5 and plain.choices[0].finish_reason == "length"
-    streamed = list(client.chat.completions.create(model="gatehead-demo", max_tokens=5, stream=True,
-                                                   messages=[{"role": "user", "content": "Say hello."}]))
+    streamed = list(client.chat.completions.create(model="gatehead-demo", max_tokens=5, stream=True, messages=poem))
     assert "".join(c.choices[0].delta.content or "" for c in streamed) == plain.choices[0].message.content
 
 
