@@ -55,7 +55,8 @@ class LiveServer:
         # preemption may restart them. In fp32 on every host: the soak looks for one request reaching into
         # another, and in bf16 the demo model's own batch-composition noise moves greedy tokens that lead by
         # more than NEAR_TIE (the 600 s soak in bf16: of 2,036 completed requests, 95 generations differed from
-        # themselves alone at a near tie and 3 requests beyond one), failing for the wrong reason.
+        # themselves alone at a near tie and 3 requests beyond one): in bf16 the comparison cannot tell that
+        # noise from a request reaching into another; in fp32 it can.
         shape = json.loads((MODEL_DIR / "config.json").read_text())
         token_bytes = shape["num_hidden_layers"] * 2 * shape["num_key_value_heads"] * shape["head_dim"] * 4
         engine = EngineConfig(model=MODEL_DIR, adapter=ADAPTER_DIR, enforce_eager=True, dtype="float32",
