@@ -141,23 +141,27 @@ def _turn_figures(result, seconds: float) -> dict:
         by_node[t["node"]] = by_node.get(t["node"], 0.0) + t["seconds"]
         if t["node"] == "generate":
             ttft, answer_tokens = t.get("ttft"), t.get("answer_tokens", 0)
-    if result.decision != "answer" or ttft is None:
-        raise RuntimeError(f"a benchmark turn did not answer: decision {result.decision!r}, error {result.error!r}")
-    return {"seconds": seconds, "gate": by_node.get("gate", 0.0), "ttft": ttft,
+    if result.error:
+        raise RuntimeError(f"a benchmark turn failed: decision {result.decision!r}, error {result.error!r}")
+    answered = result.decision == "answer" and ttft is not None
+    # A turn the model refuses (a pretrained model may, on a follow-up) is timed as it ran; the answer
+    # figures (time to first token, tokens) are over the answered turns, whose count each summary gives.
+    return {"seconds": seconds, "gate": by_node.get("gate", 0.0), "ttft": ttft if answered else None,
             "retrieve": by_node.get("retrieve", 0.0), "generate": by_node.get("generate", 0.0),
-            "answer_tokens": answer_tokens,
+            "answer_tokens": answer_tokens if answered else 0, "answered": answered,
             "decision": result.gates[-1]["decision"] if result.gates else ""}
 
 
 def _summary(turns: Sequence[dict], wall: float) -> dict:
     seconds = [t["seconds"] for t in turns]
-    return {"turns": len(turns), "wall_s": wall, "turns_per_s": len(turns) / wall,
+    answered = [t for t in turns if t["answered"]]
+    return {"turns": len(turns), "answered": len(answered), "wall_s": wall, "turns_per_s": len(turns) / wall,
             "e2e_p50_ms": 1000 * _percentile(seconds, 0.5), "e2e_p95_ms": 1000 * _percentile(seconds, 0.95),
             "gate_mean_ms": 1000 * statistics.mean(t["gate"] for t in turns),
-            "ttft_mean_ms": 1000 * statistics.mean(t["ttft"] for t in turns),
+            "ttft_mean_ms": 1000 * statistics.mean(t["ttft"] for t in answered) if answered else float("nan"),
             "retrieve_mean_ms": 1000 * statistics.mean(t["retrieve"] for t in turns),
             "generate_mean_ms": 1000 * statistics.mean(t["generate"] for t in turns),
-            "answer_tokens_mean": statistics.mean(t["answer_tokens"] for t in turns)}
+            "answer_tokens_mean": statistics.mean(t["answer_tokens"] for t in answered) if answered else 0.0}
 
 
 async def _ask(agent, question: str, thread_id: str, answer_tokens: int) -> dict:
