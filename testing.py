@@ -221,7 +221,8 @@ class ScriptedEngine:
 
     Hooks for failure paths: `fail` (an exception every gate and generation raises), `hold` (an event
     every call waits for first: a request that stays in flight), `cancelled` (calls cancelled while
-    held). `calls` records (method, keyword arguments) of every call.
+    held), `gate_seconds` (how long a gate takes: what a stream beside it makes meanwhile). `calls`
+    records (method, keyword arguments) of every call; `streamed` the tokens each stream yielded.
     """
 
     tokenizer: Any
@@ -234,6 +235,8 @@ class ScriptedEngine:
     hold: asyncio.Event | None = None
     calls: list[tuple[str, dict]] = field(default_factory=list)
     cancelled: int = 0
+    gate_seconds: float = 0.0
+    streamed: list[int] = field(default_factory=list)
     alive: bool = True
 
     def __post_init__(self) -> None:
@@ -257,6 +260,7 @@ class ScriptedEngine:
 
         prompt = self.prompts.build(question, passages, conversation)
         await self._enter("gate", {"question": question, "passages": len(passages), "cache_salt": cache_salt})
+        await asyncio.sleep(self.gate_seconds)
         decision = self.decisions.pop(0) if self.decisions else "answer"
         result = gate_result(SCRIPTED_PROBS[decision], thresholds or Thresholds(0.5, 0.5))
         return GateOutcome(result, prompt, len(prompt.gate), 0)
@@ -272,7 +276,10 @@ class ScriptedEngine:
 
         await self._enter("stream", kwargs)
         words = self.answer.split(" ")
+        self.streamed.append(0)
         for n in range(1, len(words) + 1):
+            await asyncio.sleep(0)  # a step apart, as an engine's outputs come
+            self.streamed[-1] = n
             yield Generation(list(range(n)), " ".join(words[:n]), [0.0] * n, "stop" if n == len(words) else None,
                              len(prompt) - 1)
 

@@ -8,9 +8,10 @@ to a checkpoint, so one compiled graph serves any engine and any tenant.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from gatehead.agent.held import HeldAnswers
 from gatehead.agent.state import AgentConfig
 from gatehead.gate.policy import Thresholds
 from gatehead.gate.prompt import Passage, PromptBuilder, Turn
@@ -48,6 +49,7 @@ class AgentContext:
     rewriter: PromptBuilder  # the rewrite and contextualize prompts' layout (the engine's window, REWRITE_SYSTEM)
     cache_salt: str | None = None  # keeps the turn's prefix-cache blocks to its tenant
     max_answer_tokens: int | None = None  # this turn's answer budget; default AgentConfig.max_answer_tokens
+    held: HeldAnswers = field(default_factory=HeldAnswers)  # answers started beside their gate (one per run)
 
     @property
     def answer_tokens(self) -> int:

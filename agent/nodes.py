@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import aclosing
 from dataclasses import asdict
 from typing import Any
 
@@ -134,10 +135,24 @@ async def retrieve(state: AgentState, runtime: Runtime[AgentContext]) -> dict:
 
 
 async def gate(state: AgentState, runtime: Runtime[AgentContext]) -> dict:
+    """The gate's decision on the last retrieval; with `AgentConfig.answer_beside_gate`, the answer is submitted
+    just before it and held (`gatehead.agent.held`): released to `generate` on `answer`, else aborted."""
     ctx = runtime.context
-    result = await gate_decision(ctx.engine, state["ask"], state["passages"], state["history"], ctx.config.thresholds,
-                                 ctx.cache_salt)
+    held = None
+    if ctx.config.answer_beside_gate:
+        prompt = ctx.engine.prompts.build(state["ask"], [as_passage(p) for p in state["passages"]],
+                                          turns_of(state["history"]))
+        held = ctx.held.start(ctx.engine, prompt.answer, max_tokens=ctx.answer_tokens, cache_salt=ctx.cache_salt)
+    try:
+        result = await gate_decision(ctx.engine, state["ask"], state["passages"], state["history"],
+                                     ctx.config.thresholds, ctx.cache_salt)
+    except BaseException:
+        if held is not None:
+            await ctx.held.drop(held)
+        raise
     call = {"query": state["ask"], "probs": result["probs"], "decision": result["decision"]}
+    if held is not None and result["decision"] != "answer":
+        call["wasted_answer_tokens"] = await ctx.held.drop(held)
     return {"gates": [call], "dropped": result["dropped"]}
 
 
@@ -148,20 +163,26 @@ async def generate(state: AgentState, runtime: Runtime[AgentContext]) -> dict:
     prompt = ctx.engine.prompts.build(state["ask"], [as_passage(p) for p in state["passages"]],
                                       turns_of(state["history"]))
     started, first, text, cached, tokens, finish = time.perf_counter(), None, "", 0, 0, None
-    async for out in ctx.engine.stream(prompt.answer, max_tokens=ctx.answer_tokens, cache_salt=ctx.cache_salt):
-        if out.token_ids and first is None:  # the first token, whether or not it decodes to text yet
-            first = time.perf_counter() - started
-        if out.text != text:
-            runtime.stream_writer({"token": out.text[len(text):]})
-            text = out.text
-        cached, finish, tokens = out.num_cached_tokens, out.finish_reason, len(out.token_ids)
+    held = ctx.held.take(prompt.answer, max_tokens=ctx.answer_tokens, cache_salt=ctx.cache_salt)
+    stream = held.release() if held is not None else ctx.engine.stream(prompt.answer, max_tokens=ctx.answer_tokens,
+                                                                       cache_salt=ctx.cache_salt)
+    async with aclosing(stream):
+        async for out in stream:
+            if out.token_ids and first is None:  # the first token, whether or not it decodes to text yet
+                # A held answer's counts from its submission beside the gate, as a fresh one's from its own.
+                first = (held.first_token or time.perf_counter()) - held.submitted if held is not None \
+                    else time.perf_counter() - started
+            if out.text != text:
+                runtime.stream_writer({"token": out.text[len(text):]})
+                text = out.text
+            cached, finish, tokens = out.num_cached_tokens, out.finish_reason, len(out.token_ids)
     answer = text.strip()
     # The reported decision is what the user got: the model may refuse where the gate said answer.
     said = ({"decision": "refuse", "refusal_reason": "generated"} if is_refusal(answer)
             else {"decision": "answer", "grounded": grounded(answer, prompt.passages)})
     return {"answer": answer, **said, "finish_reason": finish or "stop",
             "_timing": {"ttft": round(first or 0.0, 6), "cached_tokens": cached, "answer_tokens": tokens,
-                        "prompt_tokens": len(prompt.answer)}}
+                        "prompt_tokens": len(prompt.answer), "held": held is not None}}
 
 
 async def refusal(state: AgentState, runtime: Runtime[AgentContext]) -> dict:

@@ -22,6 +22,9 @@ class AgentConfig:
     max_answer_tokens: int = 128
     max_rewrite_tokens: int = 48
     thresholds: Thresholds | None = None  # default: the adapter's calibrated ones
+    # Submit the answer beside the gate and hold it until the gate decides (`gatehead.agent.held`): one
+    # queueing instead of two; a refused or searched turn aborts it, its decode tokens counted as wasted.
+    answer_beside_gate: bool = False
 
     def __post_init__(self) -> None:
         for name in ("top_k", "max_answer_tokens", "max_rewrite_tokens"):
@@ -45,7 +48,8 @@ class AgentState(TypedDict, total=False):
     ask: str  # what the gate and the answer are asked: the question, or the last rewrite after a search
     queries: Annotated[list[str], _log]  # every retrieval query of the turn
     passages: list[dict]  # the last retrieval's passages (text, title, source, score)
-    gates: Annotated[list[dict], _log]  # every gate call: query, probs, decision
+    gates: Annotated[list[dict], _log]  # every gate call: query, probs, decision (+ wasted_answer_tokens: its
+    # held answer's decode tokens, where one was started beside it and aborted)
     searches: int  # rewrites done this turn
     decision: Outcome | Literal[""]  # "" until the turn ends
     answer: str
@@ -54,7 +58,8 @@ class AgentState(TypedDict, total=False):
     rewrite_fallbacks: Annotated[list[dict], _log]  # rewrites not used: node, rewrite, used, reason
     finish_reason: str  # why the answer ended: "stop", or "length" at the token budget
     dropped: dict  # what the context budget left out of the last gate prompt: turns, passage sources
-    timings: Annotated[list[dict], _log]  # per node run: node, seconds (+ ttft, cached and answer tokens for generate)
+    timings: Annotated[list[dict], _log]  # per node run: node, seconds (+ ttft, cached and answer tokens, held:
+    # generate)
     error: str
 
 
@@ -91,11 +96,12 @@ class TurnResult:
     standalone: str  # the question made standalone for retrieval
     decision: Outcome
     answer: str  # empty when the turn failed
-    gates: list[dict]  # every gate call: query, probs {answer, refuse, search}, decision
+    gates: list[dict]  # every gate call: query, probs {answer, refuse, search}, decision (+ wasted_answer_tokens)
     queries: list[str]  # every retrieval query
     passages: list[Passage]  # those the last gate and the answer saw, in prompt order
     dropped: dict  # what the context budget left out of the last gate prompt: turn indices, passage sources
-    timings: list[dict]  # per node run, in order: node, seconds (+ ttft, cached_tokens, answer_tokens for generate)
+    timings: list[dict]  # per node run, in order: node, seconds (+ ttft, cached_tokens, answer_tokens, held for
+    # generate: ttft counts from the answer's submission, beside the gate where held)
     error: str = ""
     finish_reason: str = "stop"  # "length" when the answer stopped at its token budget
     refusal_reason: str = ""  # for decision "refuse": "gate" (the gate refused) or "generated" (the model did)

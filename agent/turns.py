@@ -8,6 +8,7 @@ from dataclasses import replace
 
 from gatehead.agent.context import AgentContext, Engine, Retriever
 from gatehead.agent.graph import agent_context, build_graph
+from gatehead.agent.held import HeldAnswers
 from gatehead.agent.state import AgentConfig, AgentEvent, TurnResult, turns_of
 from gatehead.errors import InvalidInput
 from gatehead.gate.prompt import Turn
@@ -32,7 +33,7 @@ class Agent:
         self.graph = build_graph(checkpointer or InMemorySaver())
 
     def _context(self, cache_salt: str | None, max_answer_tokens: int | None = None) -> AgentContext:
-        return replace(self.context, cache_salt=cache_salt, max_answer_tokens=max_answer_tokens)
+        return replace(self.context, cache_salt=cache_salt, max_answer_tokens=max_answer_tokens, held=HeldAnswers())
 
     def _config(self, thread_id: str) -> dict:
         return {"configurable": {"thread_id": thread_id}, "recursion_limit": 8 + 4 * self.config.max_searches}
@@ -74,15 +75,19 @@ class Agent:
     async def _run(self, graph_input: dict | None, thread_id: str,
                    context: AgentContext) -> AsyncIterator[AgentEvent]:
         state: dict = {}
-        async for mode, chunk in self.graph.astream(graph_input, self._config(thread_id), context=context,
-                                                    stream_mode=["updates", "custom", "values"], durability="sync"):
-            if mode == "custom" and "token" in chunk:
-                yield AgentEvent("token", text=chunk["token"])
-            elif mode == "updates":
-                for node, update in chunk.items():
-                    yield AgentEvent("node", node=node, data=dict(update or {}))
-            elif mode == "values":
-                state = chunk
+        try:
+            async for mode, chunk in self.graph.astream(graph_input, self._config(thread_id), context=context,
+                                                        stream_mode=["updates", "custom", "values"],
+                                                        durability="sync"):
+                if mode == "custom" and "token" in chunk:
+                    yield AgentEvent("token", text=chunk["token"])
+                elif mode == "updates":
+                    for node, update in chunk.items():
+                        yield AgentEvent("node", node=node, data=dict(update or {}))
+                elif mode == "values":
+                    state = chunk
+        finally:  # a run cut short between its gate and its answer leaves no answer running
+            await context.held.abort_all()
         yield AgentEvent("final", result=await self._result(thread_id, state))
 
     async def ask(self, question: str, thread_id: str | None = None, *, history: Sequence[Turn] | None = None,

@@ -8,8 +8,15 @@ from collections.abc import Sequence
 from typing import Any
 
 SETUP_NAMES = {"a_prompt": "(a) shared, prompt-mode gate", "a_suffix": "(a') shared, suffix-mode gate",
-               "b_two_engines": "(b) stock + dedicated gate", "c_ungated": "(c) no gate",
-               "d_judge": "(d) prompted judge"}
+               "a_overlap": "(a'-overlap) (a'), answer beside the gate",
+               "b_split": "(b) stock + dedicated gate, cores split",
+               "b_shared": "(b) stock + dedicated gate, cores shared",
+               "b_two_engines": "(b) stock + dedicated gate", "c_ungated": "(c) plugin loaded, no gate",
+               "c0_stock": "(c0) stock vLLM, no gate", "d_judge": "(d) prompted judge"}
+WORKLOADS = ("single", "multi", "refuse", "prefix", "memory")
+GATED = ("a_prompt", "a_suffix", "a_overlap")
+# (b)'s bindings; "b_two_engines" is (b) in files from before both bindings ran (one binding, in the config).
+TWO_ENGINES = ("b_split", "b_shared", "b_two_engines")
 
 
 def spread(runs: Sequence[Any]) -> Any:
@@ -25,26 +32,39 @@ def spread(runs: Sequence[Any]) -> Any:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
+def denominator(setups: dict) -> tuple[str, str] | None:
+    """(setup, its name in ratio keys) that end-to-end ratios are over: (c0), stock vLLM with no gate; in
+    files from before (c0) ran, (c)."""
+    if "c0_stock" in setups:
+        return "c0_stock", "c0"
+    return ("c_ungated", "c") if "c_ungated" in setups else None
+
+
 def ratios(setups: dict) -> dict:
-    """Ratios of one run: throughput against (b), end-to-end p50 against (c), gate latency against (d)."""
+    """Ratios of one run: throughput against (b)'s better binding, end-to-end p50 against (c0), (c) against
+    (c0) (the plugin's own cost), gate latency after a cached prefix against (d)."""
     out: dict = {}
-    for key in setups.get("a_suffix", setups.get("a_prompt", {})):
-        if not key.startswith("single_"):
-            continue
-        for name in ("a_prompt", "a_suffix"):
-            if name not in setups:
+    den = denominator(setups)
+    levels = sorted({k for s in setups.values() for k in s if k.startswith("single_")})
+    two = [b for b in TWO_ENGINES if b in setups]
+    for key in levels:
+        best = max((setups[b][key]["turns_per_s"] for b in two if key in setups[b]), default=None)
+        for name in (*GATED, "c_ungated"):
+            if key not in setups.get(name, {}):
                 continue
-            if "b_two_engines" in setups:
-                out[f"{key}_throughput_{name}_over_b"] = setups[name][key]["turns_per_s"] / \
-                    setups["b_two_engines"][key]["turns_per_s"]
-            if "c_ungated" in setups:
-                out[f"{key}_e2e_p50_{name}_over_c"] = setups[name][key]["e2e_p50_ms"] / \
-                    setups["c_ungated"][key]["e2e_p50_ms"]
-    for name in ("a_prompt", "a_suffix", "b_two_engines"):
-        if name in setups and "c_ungated" in setups and "multi_turn" in setups[name]:
-            out[f"multi_turn_e2e_p50_{name}_over_c"] = [
+            if best and name in GATED:
+                out[f"{key}_throughput_{name}_over_b"] = setups[name][key]["turns_per_s"] / best
+            if den and name != den[0]:
+                out[f"{key}_e2e_p50_{name}_over_{den[1]}"] = setups[name][key]["e2e_p50_ms"] / \
+                    setups[den[0]][key]["e2e_p50_ms"]
+                if name == "c_ungated":
+                    out[f"{key}_throughput_{name}_over_{den[1]}"] = setups[name][key]["turns_per_s"] / \
+                        setups[den[0]][key]["turns_per_s"]
+    for name in (*GATED, *two, "c_ungated"):
+        if den and name != den[0] and "multi_turn" in setups.get(name, {}) and "multi_turn" in setups[den[0]]:
+            out[f"multi_turn_e2e_p50_{name}_over_{den[1]}"] = [
                 x["e2e_p50_ms"] / y["e2e_p50_ms"] for x, y in
-                zip(setups[name]["multi_turn"]["by_turn"], setups["c_ungated"]["multi_turn"]["by_turn"], strict=True)]
+                zip(setups[name]["multi_turn"]["by_turn"], setups[den[0]]["multi_turn"]["by_turn"], strict=True)]
     if "d_judge" in setups and "prefix_reuse" in setups["d_judge"]:
         judge = {r["target_tokens"]: r["gate_cached_prefix_ms"] for r in setups["d_judge"]["prefix_reuse"]}
         for name in ("a_prompt", "a_suffix"):
@@ -55,26 +75,44 @@ def ratios(setups: dict) -> dict:
     return out
 
 
+# Per target set: the bound on (a'-overlap)'s e2e p50 over (c0), the least (a'-overlap) throughput over (b)'s
+# better binding at concurrency 4 and above (None: no target), the most (a') gate latency over (d)'s after a
+# cached prefix and the shortest prefix it applies from.
+TARGET_SETS = {"random": {"overlap_e2e": 1.05, "overlap_throughput": 1.8, "judge": 0.5, "judge_from": 1024},
+               "demo": {"overlap_e2e": 1.10, "overlap_throughput": None, "judge": 1.0, "judge_from": 0}}
+
+
 def targets(figures: dict) -> dict:
-    """The suffix-mode gate's targets, judged on the medians: each {"met": bool, "values": ...}."""
+    """The targets of the run's target set (`figures["target_set"]`), judged on the medians: each
+    {"met": bool, "values": ...}."""
     r, memory, out = figures["ratios"], figures["memory"], {}
+    bounds = TARGET_SETS[figures.get("target_set", "random")]
 
-    def medians(prefix: str) -> dict:
-        return {k: v["median"] for k, v in r.items() if k.startswith(prefix) and isinstance(v, dict) and "median" in v}
+    def medians(suffix: str) -> dict:
+        return {k: v["median"] for k, v in r.items() if k.startswith("single_") and k.endswith(suffix)}
 
-    e2e = {k: v for k, v in medians("single_").items() if k.endswith("e2e_p50_a_suffix_over_c")}
-    thread = [x["median"] for x in r.get("multi_turn_e2e_p50_a_suffix_over_c", [])]
+    e2e, thread = medians("e2e_p50_a_overlap_over_c0"), [x["median"] for x in r.get(
+        "multi_turn_e2e_p50_a_overlap_over_c0", [])]
     if e2e or thread:
-        out["suffix_gate_adds_at_most_10pct_to_e2e_p50"] = {
-            "met": all(v <= 1.10 for v in [*e2e.values(), *thread]), "single_turn": e2e, "thread_turns": thread}
-    throughput = {k: v for k, v in medians("single_").items() if k.endswith("throughput_a_suffix_over_b")}
-    if throughput:
-        out["suffix_throughput_at_least_1.5x_two_engines"] = {"met": all(v >= 1.5 for v in throughput.values()),
-                                                              "values": throughput}
-    judge = {k: v["median"] for k, v in r.get("prefix_gate_cached_a_suffix_over_d", {}).items()}
+        bound = bounds["overlap_e2e"]
+        out[f"overlap_e2e_p50_within_{round(100 * (bound - 1))}pct_of_stock"] = {
+            "met": all(v <= bound for v in [*e2e.values(), *thread]), "single_turn": e2e, "thread_turns": thread}
+    throughput = {k: v for k, v in medians("throughput_a_overlap_over_b").items()
+                  if int(k.split("_")[1].removeprefix("c")) >= 4}
+    if throughput and bounds["overlap_throughput"]:
+        bound = bounds["overlap_throughput"]
+        out[f"overlap_throughput_at_least_{bound}x_two_engines"] = {
+            "met": all(v >= bound for v in throughput.values()), "values": throughput}
+    judge = {k: v["median"] for k, v in r.get("prefix_gate_cached_a_suffix_over_d", {}).items()
+             if float(k) >= bounds["judge_from"]}
     if judge:
-        out["suffix_gate_latency_at_most_the_judges"] = {"met": all(v <= 1.0 for v in judge.values()),
-                                                         "values": judge}
+        name = "suffix_gate_latency_at_most_the_judges" if bounds["judge"] == 1.0 else \
+            f"suffix_gate_latency_at_most_{bounds['judge']}x_the_judges_from_{bounds['judge_from']}_tokens"
+        out[name] = {"met": all(v <= bounds["judge"] for v in judge.values()), "values": judge}
+    plugin = {**medians("e2e_p50_c_ungated_over_c0"), **medians("throughput_c_ungated_over_c0")}
+    if plugin:
+        out["plugin_cost_within_2pct"] = {"met": all(v >= 0.98 if "throughput" in k else v <= 1.02
+                                                     for k, v in plugin.items()), "values": plugin}
     if "kv_ratio_shared_suffix_vs_stock" in memory:
         ratio = memory["kv_ratio_shared_suffix_vs_stock"]
         out["kv_capacity_within_1pct_of_stock"] = {"met": ratio >= 0.99, "values": ratio}
@@ -102,6 +140,13 @@ def tables(figures: dict) -> str:
                 for s, f in ((s, setups[s][key]) for s in present if key in setups[s])]
         parts.append(f"Single-turn, concurrency {key.removeprefix('single_c')}\n\n" + table(
             ["setup", "turns/s", "gate ms", "answer TTFT ms", "e2e p50 ms", "e2e p95 ms"], rows))
+    for key in sorted({k for s in present for k in setups[s] if k.startswith("refuse_")},
+                      key=lambda k: int(k.removeprefix("refuse_c"))):
+        rows = [[SETUP_NAMES[s], _cell(f["turns_per_s"], 3), _cell(f["gate_mean_ms"]), _cell(f["e2e_p50_ms"]),
+                 _cell(f["wasted_tokens_mean"]), _cell(f["wasted_tokens_max"], 0)]
+                for s, f in ((s, setups[s][key]) for s in present if key in setups[s])]
+        parts.append(f"Refused turns, concurrency {key.removeprefix('refuse_c')}\n\n" + table(
+            ["setup", "turns/s", "gate ms", "e2e p50 ms", "wasted answer tokens, mean", "max"], rows))
     threaded = [s for s in present if "multi_turn" in setups[s]]
     if threaded:
         turns = len(setups[threaded[0]]["multi_turn"]["by_turn"])
@@ -140,23 +185,37 @@ def _ratio(figure: dict, digits: int = 2) -> str:
 
 
 TARGET_TEXT = {
+    "overlap_e2e_p50_within_5pct_of_stock": "(a'-overlap) e2e p50 <= 1.05x (c0), every concurrency and thread turn",
+    "overlap_e2e_p50_within_10pct_of_stock": "(a'-overlap) e2e p50 <= 1.10x (c0), every concurrency and thread "
+                                             "turn",
+    "overlap_throughput_at_least_1.8x_two_engines": "(a'-overlap) >= 1.8x the throughput of (b)'s better binding "
+                                                    "at concurrency 4 and 8",
+    "suffix_gate_latency_at_most_0.5x_the_judges_from_1024_tokens": "(a') gate latency <= 0.5x (d)'s after a cached "
+                                                                    "prefix of 1k tokens and more",
+    "suffix_gate_latency_at_most_the_judges": "(a') gate latency <= (d)'s after a cached prefix",
+    "plugin_cost_within_2pct": "(c) within 2% of (c0) in throughput and e2e p50",
+    "kv_capacity_within_1pct_of_stock": "KV capacity within 1% of stock",
+    # Targets of files from before (c0) and (a'-overlap) ran:
     "suffix_gate_adds_at_most_10pct_to_e2e_p50": "(a') adds <= 10% to e2e p50 against (c)",
     "suffix_throughput_at_least_1.5x_two_engines": "(a') >= 1.5x the throughput of (b)",
-    "suffix_gate_latency_at_most_the_judges": "(a') gate latency <= (d)'s after a cached prefix",
-    "kv_capacity_within_1pct_of_stock": "KV capacity within 1% of stock",
 }
 
 
 def threads_table(figures: dict) -> str:
-    """The five-turn threads' e2e p50 against (c), turn by turn, and the gate's mean ms per turn ("" if none)."""
+    """The five-turn threads' e2e p50 against (c0) (in older files (c)), turn by turn, and the gate's mean ms per
+    turn ("" if none)."""
     from gatehead.evals.run import table as markdown_table
 
     setups, r = figures["setups"], figures["ratios"]
-    threaded = [s for s in ("a_suffix", "a_prompt", "b_two_engines") if f"multi_turn_e2e_p50_{s}_over_c" in r]
+    den = denominator(setups)
+    if den is None:
+        return ""
+    threaded = [s for s in ("a_overlap", "a_suffix", "a_prompt", *TWO_ENGINES, "c_ungated")
+                if f"multi_turn_e2e_p50_{s}_over_{den[1]}" in r]
     if not threaded:
         return ""
-    turns = len(r[f"multi_turn_e2e_p50_{threaded[0]}_over_c"])
-    rows = [[SETUP_NAMES[s].split(" ")[0]] + [_ratio(x) for x in r[f"multi_turn_e2e_p50_{s}_over_c"]]
+    turns = len(r[f"multi_turn_e2e_p50_{threaded[0]}_over_{den[1]}"])
+    rows = [[SETUP_NAMES[s]] + [_ratio(x) for x in r[f"multi_turn_e2e_p50_{s}_over_{den[1]}"]]
             + [", ".join(_n(t["gate_mean_ms"]["median"]) for t in setups[s]["multi_turn"]["by_turn"])]
             for s in threaded]
     return markdown_table(["setup"] + [f"turn {i + 1}" for i in range(turns)] + [f"gate ms, turns 1-{turns}"], rows)
@@ -181,10 +240,22 @@ def readme_tables(figures: dict) -> str:
               f"({_dtype_line(figures)}), {took}. Medians over {figures['config']['runs']} runs, (min-max) of "
               "the run-by-run ratios:")
     levels = sorted({int(k.removeprefix("single_c")) for s in setups.values() for k in s if k.startswith("single_")})
+    two = [b for b in TWO_ENGINES if b in setups]
+    if "c0_stock" in setups:
+        header += (" (b) is taken at its better binding at each concurrency (" + " or ".join(
+            SETUP_NAMES[b].rsplit(", ", 1)[-1] for b in two) + "); end-to-end ratios are over (c0), stock vLLM "
+            "with gatehead's plugin left out.")
     parts = [header]
     rows = []
-    for label, key in (("turns/s (a') / (b)", "throughput_a_suffix_over_b"), ("turns/s (a) / (b)",
-                       "throughput_a_prompt_over_b"), ("e2e p50 (a') / (c)", "e2e_p50_a_suffix_over_c"),
+    for label, key in (("turns/s (a'-overlap) / (b)", "throughput_a_overlap_over_b"),
+                       ("turns/s (a') / (b)", "throughput_a_suffix_over_b"),
+                       ("turns/s (a) / (b)", "throughput_a_prompt_over_b"),
+                       ("e2e p50 (a'-overlap) / (c0)", "e2e_p50_a_overlap_over_c0"),
+                       ("e2e p50 (a') / (c0)", "e2e_p50_a_suffix_over_c0"),
+                       ("e2e p50 (a) / (c0)", "e2e_p50_a_prompt_over_c0"),
+                       ("e2e p50 (c) / (c0): the plugin", "e2e_p50_c_ungated_over_c0"),
+                       ("turns/s (c) / (c0): the plugin", "throughput_c_ungated_over_c0"),
+                       ("e2e p50 (a') / (c)", "e2e_p50_a_suffix_over_c"),
                        ("e2e p50 (a) / (c)", "e2e_p50_a_prompt_over_c")):
         if all(f"single_c{c}_{key}" in r for c in levels):
             rows.append([label] + [_ratio(r[f"single_c{c}_{key}"]) for c in levels])
@@ -196,9 +267,18 @@ def readme_tables(figures: dict) -> str:
                                               ("e2e_p50_ms", 0))] for s in present]
     parts.append(markdown_table([f"setup, concurrency {slash}", "turns/s", "gate ms", "answer TTFT ms",
                                  "e2e p50 ms"], rows))
+    refused = [s for s in ("a_suffix", "a_overlap") if all(f"refuse_c{c}" in setups.get(s, {}) for c in levels)]
+    if refused:
+        rows = [[SETUP_NAMES[s]] + [" / ".join(_n(setups[s][f"refuse_c{c}"][m]["median"], d) for c in levels)
+                                     for m, d in (("e2e_p50_ms", 0), ("wasted_tokens_mean", 1))] for s in refused]
+        parts.append("Refused turns (thresholds that refuse every turn): what a refused turn takes, and the decode "
+                     "tokens an answer started beside its gate made before the gate refused it:\n\n" + markdown_table(
+                         [f"setup, concurrency {slash}", "e2e p50 ms", "wasted answer tokens per turn"], rows))
     threads = threads_table(figures)
     if threads:
-        parts.append("Five-turn threads, e2e p50 against (c) per turn, and the gate's mean ms per turn:\n\n" + threads)
+        den = denominator(setups)
+        parts.append(f"Five-turn threads, e2e p50 against ({den[1]}) per turn, and the gate's mean ms per turn:\n\n"
+                     + threads)
     if "prefix_reuse" in setups.get("a_suffix", {}):
         judge = {x["target_tokens"]["median"]: x for x in setups.get("d_judge", {}).get("prefix_reuse", [])}
         prompt = {x["target_tokens"]["median"]: x for x in setups.get("a_prompt", {}).get("prefix_reuse", [])}

@@ -3,12 +3,13 @@
 - the shared engine itself (`SharedEngine` with a prompt-mode or a suffix-mode gate adapter);
 - `TwoEngines`: stock vLLM generating beside the dedicated gate engine (`DedicatedGate`: the exported
   gate classifier on stock vLLM's pooling runner, prefix caching on);
-- `Ungated`: the shared engine answering every turn without a gate;
+- `Ungated`: an engine answering every turn without a gate (the shared engine, or stock vLLM);
 - `PromptedJudge`: a stock engine asked, after the gate prompt's prefix, whether to answer, refuse or
   search, scored on the three label words' next-token logprobs (one token; reads the prefix cache).
 
-Every gate returns `GateOutcome`s under the benchmark's thresholds, which make every turn answer, so
-the setups do the same retrieval and generation work and differ only in the gate.
+Every gate returns `GateOutcome`s under the thresholds the agent passes; the benchmark's make every turn
+answer (`ALWAYS_ANSWER`), so the setups do the same retrieval and generation work and differ only in the
+gate, or every turn refuse (`ALWAYS_REFUSE`: what an answer started beside its gate wastes).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from gatehead.runtime.engine import GateOutcome, SharedEngine, _last
 from gatehead.runtime.plugin import stock_vllm
 
 ALWAYS_ANSWER = Thresholds(answer=0.0, refuse=1.0)
+ALWAYS_REFUSE = Thresholds(answer=1.0, refuse=0.0)  # but a gate certain to answer (p = 1.0) answers
 JUDGE_INSTRUCTION = ("\n\nShould the assistant answer from these documents, refuse, or search for more? "
                      "Reply with one word: answer, refuse or search.\nDecision:")
 
@@ -86,9 +88,10 @@ class _Generating:
         return await self.generator.generate(prompt, **kwargs)
 
     async def gate(self, question, passages=(), conversation=(), thresholds=None, cache_salt=None) -> GateOutcome:
-        return await self.gate_laid_out(self.prompts.build(question, passages, conversation))
+        return await self.gate_laid_out(self.prompts.build(question, passages, conversation),
+                                        thresholds or ALWAYS_ANSWER)
 
-    async def gate_laid_out(self, prompt: Prompt) -> GateOutcome:
+    async def gate_laid_out(self, prompt: Prompt, thresholds: Thresholds = ALWAYS_ANSWER) -> GateOutcome:
         raise NotImplementedError
 
 
@@ -99,8 +102,8 @@ class SharedGate(_Generating):
         self.generator, self.adapter, self.tokenizer, self.prompts = engine, engine.adapter, engine.tokenizer, \
             engine.prompts
 
-    async def gate_laid_out(self, prompt: Prompt) -> GateOutcome:
-        outcome = await self.generator.gate_prompt(prompt.gate, ALWAYS_ANSWER)
+    async def gate_laid_out(self, prompt: Prompt, thresholds: Thresholds = ALWAYS_ANSWER) -> GateOutcome:
+        outcome = await self.generator.gate_prompt(prompt.gate, thresholds)
         return GateOutcome(outcome.result, prompt, outcome.num_prompt_tokens, outcome.num_cached_tokens)
 
 
@@ -113,19 +116,21 @@ class TwoEngines(_Generating):
         self.prompts = PromptBuilder(self.tokenizer, adapter.spec.suffix,
                                      PromptConfig(max_context=generator.max_model_len))
 
-    async def gate_laid_out(self, prompt: Prompt) -> GateOutcome:
+    async def gate_laid_out(self, prompt: Prompt, thresholds: Thresholds = ALWAYS_ANSWER) -> GateOutcome:
         probs = await self.dedicated.probs(prompt.gate)
-        return GateOutcome(gate_result(probs, ALWAYS_ANSWER), prompt, len(prompt.gate), 0)
+        return GateOutcome(gate_result(probs, thresholds), prompt, len(prompt.gate), 0)
 
 
 class Ungated(_Generating):
-    """The shared engine answering every turn without a gate (the prompt is laid out as usual)."""
+    """An engine answering every turn without a gate (the prompt laid out as the gate's `adapter` lays it
+    out): the shared engine with its adapter loaded, or a stock engine with gatehead's plugin left out."""
 
-    def __init__(self, engine: SharedEngine) -> None:
-        self.generator, self.adapter, self.tokenizer, self.prompts = engine, engine.adapter, engine.tokenizer, \
-            engine.prompts
+    def __init__(self, engine: SharedEngine, adapter) -> None:
+        self.generator, self.adapter, self.tokenizer = engine, adapter, engine.tokenizer
+        self.prompts = engine.prompts or PromptBuilder(self.tokenizer, adapter.spec.suffix,
+                                                       PromptConfig(max_context=engine.max_model_len))
 
-    async def gate_laid_out(self, prompt: Prompt) -> GateOutcome:
+    async def gate_laid_out(self, prompt: Prompt, thresholds: Thresholds = ALWAYS_ANSWER) -> GateOutcome:
         probs = {"answer": 1.0, "refuse": 0.0, "search": 0.0}
         return GateOutcome(gate_result(probs, ALWAYS_ANSWER), prompt, len(prompt.gate), 0)
 
@@ -144,10 +149,10 @@ class PromptedJudge(_Generating):
             raise ValueError(f"this tokenizer starts the label words {LABELS} with the same token: the prompted "
                              f"judge cannot tell them apart in one token")
 
-    async def gate_laid_out(self, prompt: Prompt) -> GateOutcome:
+    async def gate_laid_out(self, prompt: Prompt, thresholds: Thresholds = ALWAYS_ANSWER) -> GateOutcome:
         ids = prompt.prefix + self.instruction
         logprobs, cached = await self.generator.next_token_logprobs(ids, self.words)
         top = max(logprobs)
         weights = [math.exp(lp - top) for lp in logprobs]
         probs = {label: w / sum(weights) for label, w in zip(LABELS, weights, strict=True)}
-        return GateOutcome(gate_result(probs, ALWAYS_ANSWER), prompt, len(ids), cached)
+        return GateOutcome(gate_result(probs, thresholds), prompt, len(ids), cached)

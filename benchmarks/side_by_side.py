@@ -1,26 +1,34 @@
 """What sharing the backbone buys, measured side by side on one machine (`gatehead bench`).
 
-Five setups serve the same agent (`gatehead.agent.Agent`: retrieve -> gate -> answer) on the same
-model, the same retrieval store, the same KV memory and the same cores (`gatehead.benchmarks.peers`):
+The setups serve the same agent (`gatehead.agent.Agent`: retrieve -> gate -> answer) on the same model,
+the same retrieval store, the same KV memory and the same cores (`gatehead.benchmarks.peers`):
 - (a) shared, prompt-mode gate: one `SharedEngine` with the prompt-mode adapter (the gate branches
   off at layer N-k and recomputes its whole prompt);
 - (a') shared, suffix-mode gate: one `SharedEngine` with the suffix-mode (activated) adapter of the
   same gate task (the gate reads the prefix cache and computes its suffix);
+- (a'-overlap) (a') with the answer submitted beside the gate and held until it decides
+  (`AgentConfig.answer_beside_gate`, `gatehead.agent.held`);
 - (b) two engines: stock vLLM for generation beside the dedicated gate engine (`gatehead
-  export-dedicated` on stock vLLM's pooling runner, prefix caching on), each with half the KV memory
-  and, by default, half the cores (`--two-engine-cores shared`: both on all cores);
-- (c) no gate: an engine like (a)'s (its adapter loaded) answering every turn without a gate;
+  export-dedicated` on stock vLLM's pooling runner, prefix caching on), each with half the KV memory,
+  in two bindings: `split` (half the cores each) and `shared` (both on every core); a target against
+  (b) is judged against its better binding at each concurrency;
+- (c) plugin loaded, no gate: the shared engine (prompt-mode adapter loaded) answering every turn
+  without a gate request;
+- (c0) stock vLLM, no gate: an engine with gatehead's plugin left out (`stock_vllm`) answering every
+  turn: the denominator of every end-to-end ratio; (c)/(c0) is the plugin's own cost;
 - (d) prompted judge: a stock engine (no adapter) asked after the gate prompt's prefix whether to
   answer, refuse or search, scored on the label words' next-token logprobs (reads the prefix cache).
 Every turn answers: the thresholds are set so every gate decides "answer" whatever the probabilities
 say, so the setups do the same retrieval and generation work and differ only in the gate.
 
 Workloads: single-turn turns at concurrency 1, 4 and 8 (turns/s, gate latency, answer time to first
-token, end-to-end p50/p95); 5-turn threads (per turn of the thread); prefix reuse, for gate prompts
-of 256 to 8,192 tokens (as the context allows): the gate's latency on a cold cache and after its
-prefix was cached (by answering first), and the answer's time to first token cold and after a gate,
-for (a), (a') and (d); memory (weights bytes, engine processes' resident memory, KV capacity of each
-engine at the same memory fraction, and a stock engine's).
+token, end-to-end p50/p95); 5-turn threads (per turn of the thread); refused turns, (a') and
+(a'-overlap) only, at each concurrency (thresholds that refuse every turn: what a refused turn costs,
+and the decode tokens an answer started beside its gate wastes); prefix reuse, for gate prompts of 256
+to 8,192 tokens (as the context allows): the gate's latency on a cold cache and after its prefix was
+cached (by answering first), and the answer's time to first token cold and after a gate, for (a),
+(a') and (d); memory (weights bytes, engine processes' resident memory, KV capacity of each engine at
+the same memory fraction, and a stock engine's).
 Every workload runs `runs` times (default 3) on each setup; every figure is reported as the median
 with the min and max over the runs, and so is every ratio (taken run by run: run i of one setup
 against run i of another, minutes apart, so a ratio's min and max are wider than its parts'). `targets` judges the
@@ -42,13 +50,21 @@ import tempfile
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from gatehead.benchmarks.agent_ttft import ttft
-from gatehead.benchmarks.bench_report import SETUP_NAMES, ratios, spread, tables, targets
-from gatehead.benchmarks.peers import ALWAYS_ANSWER, DedicatedGate, PromptedJudge, SharedGate, TwoEngines, Ungated
+from gatehead.benchmarks.bench_report import SETUP_NAMES, WORKLOADS, ratios, spread, tables, targets
+from gatehead.benchmarks.peers import (
+    ALWAYS_ANSWER,
+    ALWAYS_REFUSE,
+    DedicatedGate,
+    PromptedJudge,
+    SharedGate,
+    TwoEngines,
+    Ungated,
+)
 from gatehead.gate.policy import LABELS
 from gatehead.gate.prompt import Passage
 from gatehead.runtime.engine import EngineConfig, SharedEngine
@@ -60,6 +76,7 @@ SETUPS = SETUP_NAMES
 RANDOM_SHAPE = dict(num_layers=24, hidden_size=896, intermediate_size=4864, num_heads=14, num_kv_heads=2,
                     head_dim=64, max_position=16384, initializer_range=0.02)
 RANDOM_SUFFIX_LENGTH = 4
+BINDINGS = {"split": "b_split", "shared": "b_shared"}  # (b)'s core bindings and their setups
 
 
 @dataclass(frozen=True)
@@ -72,22 +89,27 @@ class BenchConfig:
     block_size: int | None = None
     compile: bool = False
     cores: str = "0-1"  # the cores every setup uses (vLLM's VLLM_CPU_OMP_THREADS_BIND syntax: "0-1")
-    two_engine_cores: str = "split"  # "split": (b)'s engines get half the cores each; "shared": both all
-    questions: int = 24  # single-turn turns per concurrency level
+    # (b)'s bindings, each a setup: "split" (its engines get half the cores each), "shared" (both all)
+    two_engine_cores: tuple[str, ...] = ("split", "shared")
+    questions: int = 32  # single-turn turns per concurrency level (c=8 is then 4 batches' worth, not one)
     concurrency: tuple[int, ...] = (1, 4, 8)
-    threads: int = 2  # 5-turn threads
+    threads: int = 3  # 5-turn threads
     thread_turns: int = 5
     answer_tokens: int = 64
     prefix_repeats: int = 1  # per run, per prefix length
     runs: int = 3
     setups: tuple[str, ...] = tuple(SETUPS)
-    workloads: tuple[str, ...] = ("single", "multi", "prefix", "memory")
+    workloads: tuple[str, ...] = WORKLOADS
+    target_set: str = "random"  # whose targets judge the run: "random" (the 0.36 B model's) or "demo"
     dtype: str = "auto"  # every setup's, resolved once (runtime/dtype.py): bf16 where native, else fp32
 
     def __post_init__(self) -> None:
         from gatehead.runtime.dtype import resolve_dtype
 
         object.__setattr__(self, "dtype", resolve_dtype(self.dtype))
+        unknown = set(self.two_engine_cores) - set(BINDINGS)
+        if unknown or not self.two_engine_cores:
+            raise ValueError(f"two_engine_cores takes {sorted(BINDINGS)}, not {list(self.two_engine_cores)}")
 
 
 def _cores(spec: str) -> list[int]:
@@ -149,7 +171,8 @@ def _turn_figures(result, seconds: float) -> dict:
     return {"seconds": seconds, "gate": by_node.get("gate", 0.0), "ttft": ttft if answered else None,
             "retrieve": by_node.get("retrieve", 0.0), "generate": by_node.get("generate", 0.0),
             "answer_tokens": answer_tokens if answered else 0, "answered": answered,
-            "decision": result.gates[-1]["decision"] if result.gates else ""}
+            "decision": result.gates[-1]["decision"] if result.gates else "",
+            "wasted": sum(g.get("wasted_answer_tokens", 0) for g in result.gates)}
 
 
 def _summary(turns: Sequence[dict], wall: float) -> dict:
@@ -161,7 +184,9 @@ def _summary(turns: Sequence[dict], wall: float) -> dict:
             "ttft_mean_ms": 1000 * statistics.mean(t["ttft"] for t in answered) if answered else float("nan"),
             "retrieve_mean_ms": 1000 * statistics.mean(t["retrieve"] for t in turns),
             "generate_mean_ms": 1000 * statistics.mean(t["generate"] for t in turns),
-            "answer_tokens_mean": statistics.mean(t["answer_tokens"] for t in answered) if answered else 0.0}
+            "answer_tokens_mean": statistics.mean(t["answer_tokens"] for t in answered) if answered else 0.0,
+            "wasted_tokens_mean": statistics.mean(t["wasted"] for t in turns),
+            "wasted_tokens_max": max(t["wasted"] for t in turns)}
 
 
 async def _ask(agent, question: str, thread_id: str, answer_tokens: int) -> dict:
@@ -283,18 +308,19 @@ def _questions(n: int, offset: int = 0) -> list[str]:
 
 
 async def _workloads(setup, engine: SharedEngine | None, config: BenchConfig, corpus: Sequence[str], reset,
-                     store, agent_config) -> dict:
+                     store, agent_config, refusals: bool) -> dict:
     """The workloads on one setup; `reset()` empties its engines' prefix caches before each one, so no
     workload reads what an earlier one left (within a workload, turns share prefixes as real traffic does).
-    `engine`: where the prefix-reuse workload answers (None: not run on this setup)."""
+    `engine`: where the prefix-reuse workload answers (None: not run on this setup); `refusals`: whether
+    the refused-turns workload runs on it."""
     from gatehead.agent import Agent
 
     agent = Agent(setup, store, agent_config)
     out: dict = {}
     warmup = _questions(2, offset=200)
     await single_turn(agent, warmup, 2, config.answer_tokens)  # first-request costs out of the figures
+    questions = _questions(config.questions)
     if "single" in config.workloads:
-        questions = _questions(config.questions)
         for c in config.concurrency:
             await reset()
             out[f"single_c{c}"] = await single_turn(agent, questions, c, config.answer_tokens)
@@ -303,6 +329,11 @@ async def _workloads(setup, engine: SharedEngine | None, config: BenchConfig, co
         threads = [pool[i * config.thread_turns:(i + 1) * config.thread_turns] for i in range(config.threads)]
         await reset()
         out["multi_turn"] = await multi_turn(agent, threads, config.answer_tokens)
+    if "refuse" in config.workloads and refusals:
+        refusing = Agent(setup, store, replace(agent_config, thresholds=ALWAYS_REFUSE))
+        for c in config.concurrency:
+            await reset()
+            out[f"refuse_c{c}"] = await single_turn(refusing, questions, c, config.answer_tokens)
     if "prefix" in config.workloads and engine is not None:
         lengths = [n for n in PREFIX_LENGTHS if n < config.max_model_len]
         prompts = prefix_prompts(setup.prompts, config.max_model_len, lengths, corpus)
@@ -311,12 +342,12 @@ async def _workloads(setup, engine: SharedEngine | None, config: BenchConfig, co
 
 
 async def _repeated(config: BenchConfig, setup, engine: SharedEngine | None, corpus, reset, store, agent_config,
-                    log) -> list[dict]:
+                    log, refusals: bool = False) -> list[dict]:
     """`config.runs` runs of the workloads on one setup."""
     out = []
     for i in range(config.runs):
         log(f"  run {i + 1}/{config.runs}")
-        out.append(await _workloads(setup, engine, config, corpus, reset, store, agent_config))
+        out.append(await _workloads(setup, engine, config, corpus, reset, store, agent_config, refusals))
     return out
 
 
@@ -331,20 +362,17 @@ def run(config: BenchConfig, log=print, on_setup=None) -> dict:
     from gatehead.runtime.dedicated import export_dedicated
 
     unknown = set(config.setups) - set(SETUPS)
-    if unknown or (config.suffix_adapter is None and "a_suffix" in config.setups):
-        raise ValueError(f"setups are {list(SETUPS)} ((a') needs a suffix-mode adapter), not {sorted(config.setups)}")
+    if unknown or (config.suffix_adapter is None and {"a_suffix", "a_overlap"} & set(config.setups)):
+        raise ValueError(f"setups are {list(SETUPS)} ((a') and (a'-overlap) need a suffix-mode adapter), not "
+                         f"{sorted(config.setups)}")
     cores = _cores(config.cores)
-    if config.two_engine_cores == "split":
-        if len(cores) < 2:
-            raise ValueError("--two-engine-cores split needs at least 2 cores in --cores")
-        half = len(cores) // 2
-        gen_cores, gate_cores = cores[:half], cores[half:]
-    elif config.two_engine_cores == "shared":
-        gen_cores = gate_cores = cores
-    else:
-        raise ValueError(f"two_engine_cores must be 'split' or 'shared', not {config.two_engine_cores!r}")
+    if "split" in config.two_engine_cores and len(cores) < 2:
+        raise ValueError("(b) split over cores needs at least 2 cores in --cores")
+    half = len(cores) // 2
+    bindings = {"split": (cores[:half], cores[half:]), "shared": (cores, cores)}  # (generator, gate) cores
     adapter = load_gate_adapter(config.adapter, config.model)
     agent_config = AgentConfig(thresholds=ALWAYS_ANSWER, max_answer_tokens=config.answer_tokens)
+    overlap_config = replace(agent_config, answer_beside_gate=True)
     results: dict[str, list[dict]] = {}
     memory: dict = {}
     with tempfile.TemporaryDirectory(prefix="gatehead-bench-") as tmp:
@@ -353,52 +381,45 @@ def run(config: BenchConfig, log=print, on_setup=None) -> dict:
             corpus = " ".join(h.text for h in store.search("warranty price weight colour", top_k=20)).split()
 
             def on_engine(name: str, engine_adapter, setups: dict) -> None:
-                """Start one engine on every core with the full memory; run `setups` (name -> setup of it)."""
+                """Start one engine on every core with the full memory; run `setups` (name -> (setup of it,
+                agent config)) on it."""
                 engine = _start(cores, lambda: SharedEngine(_engine_config(config, engine_adapter,
                                                                              config.memory_fraction)))
 
                 async def phase() -> None:  # one event loop for the engine's whole life
-                    for key, make in setups.items():
+                    for key, (make, settings) in setups.items():
                         log(SETUPS[key])
-                        results[key] = await _repeated(config, make(engine), engine if key != "c_ungated" else None,
-                                                       corpus, engine.reset_prefix_cache, store, agent_config, log)
+                        prefix_engine = engine if key in ("a_prompt", "a_suffix", "d_judge") else None
+                        results[key] = await _repeated(config, make(engine), prefix_engine, corpus,
+                                                       engine.reset_prefix_cache, store, settings, log,
+                                                       refusals=key in ("a_suffix", "a_overlap"))
                         if on_setup is not None:
                             on_setup(results)
                     memory[name] = {"kv_tokens": engine.kv_tokens, "rss_bytes": _rss(engine.engine_pids()),
-                                    "plugin_bytes": await engine.plugin_memory()}
+                                    "plugin_bytes": await engine.plugin_memory() if engine_adapter else {}}
 
                 try:
                     asyncio.run(phase())
                 finally:
                     engine.shutdown()
 
-            wanted = set(config.setups)
-            if "c_ungated" in wanted or ("memory" in config.workloads and "a_prompt" not in wanted):
-                on_engine("shared_prompt", config.adapter, {"c_ungated": Ungated} if "c_ungated" in wanted else {})
-            if "a_suffix" in wanted:
-                on_engine("shared_suffix", config.suffix_adapter, {"a_suffix": SharedGate})
-            if "d_judge" in wanted or "memory" in config.workloads:
-                on_engine("stock", None, {"d_judge": lambda e: PromptedJudge(e, adapter)} if "d_judge" in wanted
-                          else {})
-            if "b_two_engines" in wanted:
-                log(SETUPS["b_two_engines"])
-                export = export_dedicated(config.model, config.adapter, Path(tmp) / "dedicated", dtype=config.dtype)
+            def two_engines(key: str, gen_cores: list[int], gate_cores: list[int], export: Path) -> None:
+                """(b) on `gen_cores` (stock vLLM) and `gate_cores` (the dedicated gate), half the memory each."""
+                log(SETUPS[key])
                 half_memory = config.memory_fraction / 2
                 generator = _start(gen_cores, lambda: SharedEngine(_engine_config(config, None, half_memory)))
                 dedicated = None
                 try:
-                    dedicated = _start(gate_cores, lambda: DedicatedGate(export, config.max_model_len, half_memory,
-                                                                         not config.compile, config.block_size,
-                                                                         config.dtype))
-                    gate = dedicated
+                    dedicated = gate = _start(gate_cores, lambda: DedicatedGate(
+                        export, config.max_model_len, half_memory, not config.compile, config.block_size,
+                        config.dtype))
 
                     async def reset_both() -> None:
                         await generator.reset_prefix_cache()
                         await gate.llm.reset_prefix_cache()
 
-                    results["b_two_engines"] = asyncio.run(_repeated(
-                        config, TwoEngines(generator, dedicated, adapter), None, corpus, reset_both, store,
-                        agent_config, log))
+                    results[key] = asyncio.run(_repeated(config, TwoEngines(generator, dedicated, adapter), None,
+                                                         corpus, reset_both, store, agent_config, log))
                     if on_setup is not None:
                         on_setup(results)
                     memory["two_engines"] = {"generator_kv_tokens": generator.kv_tokens,
@@ -410,8 +431,27 @@ def run(config: BenchConfig, log=print, on_setup=None) -> dict:
                     generator.shutdown()
                     if dedicated is not None:
                         dedicated.shutdown()
+
+            wanted = set(config.setups)
+            if "c_ungated" in wanted or ("memory" in config.workloads and "a_prompt" not in wanted):
+                on_engine("shared_prompt", config.adapter,
+                          {"c_ungated": (lambda e: Ungated(e, adapter), agent_config)} if "c_ungated" in wanted
+                          else {})
+            suffix_setups = {"a_suffix": (SharedGate, agent_config), "a_overlap": (SharedGate, overlap_config)}
+            if wanted & set(suffix_setups):
+                on_engine("shared_suffix", config.suffix_adapter, {k: v for k, v in suffix_setups.items()
+                                                                    if k in wanted})
+            stock_setups = {"c0_stock": (lambda e: Ungated(e, adapter), agent_config),
+                            "d_judge": (lambda e: PromptedJudge(e, adapter), agent_config)}
+            if wanted & set(stock_setups) or "memory" in config.workloads:
+                on_engine("stock", None, {k: v for k, v in stock_setups.items() if k in wanted})
+            two = [b for b in config.two_engine_cores if BINDINGS[b] in wanted]
+            export = export_dedicated(config.model, config.adapter, Path(tmp) / "dedicated", dtype=config.dtype) \
+                if two else None
+            for binding in two:
+                two_engines(BINDINGS[binding], *bindings[binding], export)
             if "a_prompt" in wanted:  # last: the slowest setup (it recomputes whole prompts of up to 8k tokens)
-                on_engine("shared_prompt", config.adapter, {"a_prompt": SharedGate})
+                on_engine("shared_prompt", config.adapter, {"a_prompt": (SharedGate, agent_config)})
         finally:
             store.close()
     if "memory" in config.workloads:
@@ -423,7 +463,8 @@ def run(config: BenchConfig, log=print, on_setup=None) -> dict:
                 memory[f"kv_ratio_{name}_vs_stock"] = memory[name]["kv_tokens"] / memory["stock"]["kv_tokens"]
     runs = [{key: results[key][i] for key in results} for i in range(config.runs)]
     per_run_ratios = [ratios(r) for r in runs]
-    figures = {"runs": runs, "setups": spread(runs), "ratios": spread(per_run_ratios), "memory": memory}
+    figures = {"runs": runs, "setups": spread(runs), "ratios": spread(per_run_ratios), "memory": memory,
+               "target_set": config.target_set}
     figures["targets"] = targets(figures)
     return figures
 
@@ -460,13 +501,17 @@ def main(args) -> int:
     else:
         model, adapter, max_len = Path(args.model), Path(args.adapter), args.max_model_len or 2048
         suffix = Path(args.suffix_adapter) if args.suffix_adapter else None
-    setups = tuple(args.setups) if args.setups else tuple(s for s in SETUPS if s != "a_suffix" or suffix)
+    setups = tuple(args.setups) if args.setups else tuple(s for s in SETUPS
+                                                          if s not in ("a_suffix", "a_overlap") or suffix)
+    setups = tuple(s for s in setups if s not in BINDINGS.values()
+                   or s in (BINDINGS[b] for b in args.two_engine_cores))
     config = BenchConfig(model=model, adapter=adapter, suffix_adapter=suffix, memory_fraction=args.memory_fraction,
                          max_model_len=max_len, block_size=args.block_size, compile=args.compile, cores=args.cores,
-                         two_engine_cores=args.two_engine_cores, questions=args.questions,
+                         two_engine_cores=tuple(args.two_engine_cores), questions=args.questions,
                          concurrency=tuple(args.concurrency), threads=args.threads, answer_tokens=args.answer_tokens,
                          prefix_repeats=args.prefix_repeats, runs=args.runs, setups=setups,
-                         workloads=tuple(args.workloads), dtype=args.dtype)
+                         workloads=tuple(args.workloads), dtype=args.dtype,
+                         target_set="demo" if args.model == "demo" else "random")
     started = time.time()
     header = {"command": " ".join(["gatehead", *sys.argv[1:]]), "machine": _machine(), "model": args.model,
               "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()}}

@@ -31,7 +31,8 @@ def _run_agent(args: argparse.Namespace, body) -> int:
     from gatehead.agent.checkpoint import default_checkpoint_path, open_checkpointer
     from gatehead.retrieval.store import open_store
 
-    config = AgentConfig(top_k=args.top_k, max_searches=args.max_searches, max_answer_tokens=args.max_tokens)
+    config = AgentConfig(top_k=args.top_k, max_searches=args.max_searches, max_answer_tokens=args.max_tokens,
+                         answer_beside_gate=args.answer_beside_gate)
     where, corpus = agent_store(args)
     store = open_store(where, corpus, log=lambda m: print(m, file=sys.stderr))
     threads = args.threads or str(default_checkpoint_path(where))

@@ -6,6 +6,7 @@ import argparse
 import os
 from pathlib import Path
 
+from gatehead.benchmarks.bench_report import SETUP_NAMES, WORKLOADS
 from gatehead.cli.common import add_model_arguments, chosen_model, model_locations, store_config
 
 
@@ -148,14 +149,13 @@ def add_parsers(commands) -> None:
     p.add_argument("--adapter", help="the prompt-mode gate adapter of --model PATH")
     p.add_argument("--suffix-adapter", help="a suffix-mode gate adapter of --model PATH (setup (a'))")
     p.add_argument("--random-dir", default=".cache/bench-random", help="where --model random is built and kept")
-    p.add_argument("--setups", nargs="+", choices=["a_prompt", "a_suffix", "b_two_engines", "c_ungated", "d_judge"],
-                   help="default: all (a' where a suffix-mode adapter is known)")
-    p.add_argument("--workloads", nargs="+", default=["single", "multi", "prefix", "memory"],
-                   choices=["single", "multi", "prefix", "memory"])
+    p.add_argument("--setups", nargs="+", choices=list(SETUP_NAMES),
+                   help="default: all (a' and a'-overlap where a suffix-mode adapter is known)")
+    p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     p.add_argument("--runs", type=int, default=3, help="runs of every workload per setup (medians, min, max)")
-    p.add_argument("--questions", type=int, default=24, help="single-turn turns per concurrency level")
+    p.add_argument("--questions", type=int, default=32, help="single-turn turns per concurrency level")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 8])
-    p.add_argument("--threads", type=int, default=2, help="5-turn threads in the multi-turn workload")
+    p.add_argument("--threads", type=int, default=3, help="5-turn threads in the multi-turn workload")
     p.add_argument("--answer-tokens", type=int, default=64, help="answer budget per turn")
     p.add_argument("--prefix-repeats", type=int, default=1, help="per run and prefix length")
     p.add_argument("--memory-fraction", type=float, default=0.1,
@@ -166,8 +166,8 @@ def add_parsers(commands) -> None:
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
                    help="every setup's dtype; auto: bf16 where the CPU computes it, else fp32")
     p.add_argument("--cores", default=f"0-{(os.cpu_count() or 1) - 1}", help="cores every setup uses (default all)")
-    p.add_argument("--two-engine-cores", choices=["split", "shared"], default="split",
-                   help="(b): half the cores each (split) or all cores for both (shared)")
+    p.add_argument("--two-engine-cores", nargs="+", choices=["split", "shared"], default=["split", "shared"],
+                   help="(b)'s bindings, each a setup: half the cores each (split), all cores for both (shared)")
     p.add_argument("--out", type=Path, help="write the figures as JSON here (and the tables beside it, .md)")
     p.set_defaults(func=_bench)
 

@@ -112,6 +112,8 @@ AGENT = (
     Setting("--top-k", "passages per retrieval", type=int, default=AgentConfig.top_k),
     Setting("--max-searches", "query rewrites per turn before giving up", type=int, default=AgentConfig.max_searches),
     Setting("--max-tokens", "answer length limit", type=int, default=AgentConfig.max_answer_tokens),
+    Setting("--answer-beside-gate", "submit each answer beside its gate and hold it until the gate says answer "
+            "(aborted otherwise)", type=None),
 )
 
 SERVE = (

@@ -33,6 +33,9 @@ class Metrics:
         self.decisions = Counter("gatehead_gate_decisions", "gate decisions", ["decision"], registry=registry)
         self.probability = Histogram("gatehead_gate_probability", "gate probabilities by class", ["label"],
                                      buckets=_PROBABILITY, registry=registry)
+        self.wasted_answer_tokens = Counter("gatehead_wasted_answer_tokens", "decode tokens of answers started "
+                                            "beside their gate and aborted when it did not say answer",
+                                            registry=registry)
         self.turns = Counter("gatehead_agent_turns", "agent turns by final decision", ["decision"], registry=registry)
         for outcome in get_args(Outcome):  # every decision shows, at 0 until a turn ends with it
             self.turns.labels(outcome)

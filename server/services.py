@@ -127,6 +127,7 @@ class Services:
         """A finished agent turn's gates, time to first token and decision, into the metrics."""
         for gate in result.gates:
             self.metrics.gate(gate["decision"], gate["probs"])
+            self.metrics.wasted_answer_tokens.inc(gate.get("wasted_answer_tokens", 0))
         for timing in result.timings:
             if timing["node"] == "generate":
                 self.metrics.ttft.observe(timing["ttft"])

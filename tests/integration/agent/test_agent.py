@@ -185,6 +185,42 @@ def test_stream_yields_node_events_and_answer_tokens(agent, loop) -> None:
     assert gate_event.data["gates"][-1]["decision"] == "answer"
 
 
+def test_an_answer_beside_the_gate_changes_nothing_the_user_sees(demo_shared, store, loop) -> None:
+    """Answer, refuse and search turns, sequential and with the answer submitted beside the gate: the same
+    decisions, the same streamed answers, nothing of an aborted answer shown, no request left running."""
+    sequential, beside = (Agent(demo_shared, store, AgentConfig(answer_beside_gate=on)) for on in (False, True))
+
+    async def turn(agent: Agent, question: str):
+        tokens, result = [], None
+        async for event in agent.stream(question):
+            if event.kind == "token":
+                tokens.append(event.text)
+            elif event.kind == "final":
+                result = event.result
+        return "".join(tokens), result
+
+    for question in (STRATA, GHOST, BY_CODE, "How much does the Vale Lantern weigh?"):
+        text, want = loop.run(turn(sequential, question))
+        assert loop.run(demo_shared.reset_prefix_cache())  # the beside turn finds none of the sequential one's
+        before = loop.run(demo_shared.stats())
+        got_text, got = loop.run(turn(beside, question))
+        after = loop.run(demo_shared.stats())
+        assert (got.decision, got.answer, got_text) == (want.decision, want.answer, text), question
+        assert [g["decision"] for g in got.gates] == [g["decision"] for g in want.gates]
+        assert demo_shared.unfinished_requests == 0  # every aborted answer is gone from the engine
+        # One answer request per gate, each prefilled beside it: the second of the pair reads the first's prefix.
+        assert after["generation_requests"] - before["generation_requests"] == len(got.gates) + len(got.queries) - 1
+        # Every gate that did not say answer aborted its held answer and counted what it had decoded.
+        wasted = [g.get("wasted_answer_tokens") for g in got.gates]
+        answered = got.decision == "answer"
+        assert [w is None for w in wasted] == [False] * (len(wasted) - answered) + [True] * answered
+        assert all(w >= 0 for w in wasted if w is not None)
+        released = [t for t in got.timings if t["node"] == "generate"]
+        assert [t["held"] for t in released] == [True] * answered
+        if answered:  # the answer and its gate prefilled their shared prefix once (whole blocks of 32)
+            assert after["prefix_cache_hits"] - before["prefix_cache_hits"] >= released[0]["prompt_tokens"] - 32
+
+
 def test_bad_input_is_refused(agent, loop) -> None:
     with pytest.raises(ValueError, match="empty"):
         loop.run(agent.ask("   "))
