@@ -330,6 +330,39 @@ def test_every_route_reports_the_decision_the_user_got_and_whether_the_answer_is
         assert 'gatehead_agent_turns_total{decision="not_found"} 0.0' in metrics.text  # every decision shows
 
 
+def test_every_route_runs_answers_beside_the_gate_when_the_service_is_set_to(service, engine) -> None:
+    """`AgentConfig.answer_beside_gate` through the service: a refused turn on every route says the refusal
+    and nothing of the answer that was started beside its gate; each gate reports what it wasted."""
+    from gatehead.agent import AgentConfig
+    from gatehead.agent.prompts import REFUSAL
+
+    question = "How long is the Vale Lantern's warranty?"
+    openai = {"model": "gatehead-agent", "messages": [{"role": "user", "content": question}]}
+
+    async def turns(scripted) -> list:
+        async with service(scripted, agent=AgentConfig(answer_beside_gate=True)) as (client, _):
+            return [await client.post("/v1/agent/chat", json={"message": question}),
+                    await client.post("/v1/agent/chat", json={"message": question, "stream": True}),
+                    await client.post("/v1/chat/completions", json=openai),
+                    await client.post("/v1/chat/completions", json={**openai, "stream": True}),
+                    await client.get("/metrics")]
+
+    for scripted, said in ((engine(*["refuse"] * 4, gate_seconds=0.05), REFUSAL),
+                           (engine(gate_seconds=0.05), "The warranty lasts two years [1].")):
+        whole, streamed, completion, chunks, metrics = run(turns(scripted))
+        words = len(scripted.answer.split(" "))
+        assert scripted.streamed == [words] * 4  # every turn started its answer beside the gate
+        gates = [whole.json()["gates"], sse(streamed.text)[-1][1]["gates"], completion.json()["gatehead"]["gates"],
+                 sse(chunks.text)[-2][1]["gatehead"]["gates"]]
+        wasted = words if said == REFUSAL else None
+        assert [g[-1].get("wasted_answer_tokens") for g in gates] == [wasted] * 4
+        assert whole.json()["answer"] == sse(streamed.text)[-1][1]["answer"] == said
+        assert "".join(e[1]["text"] for e in sse(streamed.text) if e[0] == "token") == ("" if wasted else said)
+        assert completion.json()["choices"][0]["message"]["content"] == said
+        assert "".join(e[1]["choices"][0]["delta"].get("content", "") for e in sse(chunks.text)[:-1]) == said
+        assert f"gatehead_wasted_answer_tokens_total {float(4 * (wasted or 0))}" in metrics.text
+
+
 def test_a_rewrite_that_fails_its_check_is_in_the_turns_result(service, engine) -> None:
     async def go():
         async with service(engine()) as (client, _):
