@@ -56,18 +56,17 @@ from typing import Any
 
 from gatehead.benchmarks.agent_ttft import ttft
 from gatehead.benchmarks.bench_report import SETUP_NAMES, WORKLOADS, ratios, spread, tables, targets
+from gatehead.benchmarks.layouts import OneEngine, TwoEngineLayout
 from gatehead.benchmarks.peers import (
     ALWAYS_ANSWER,
     ALWAYS_REFUSE,
-    DedicatedGate,
     PromptedJudge,
     SharedGate,
-    TwoEngines,
     Ungated,
 )
 from gatehead.gate.policy import LABELS
 from gatehead.gate.prompt import Passage
-from gatehead.runtime.engine import EngineConfig, SharedEngine
+from gatehead.runtime.engine import SharedEngine
 
 PREFIX_LENGTHS = (256, 512, 1024, 2048, 4096, 8192)
 SETUPS = SETUP_NAMES
@@ -118,29 +117,6 @@ def _cores(spec: str) -> list[int]:
         lo, _, hi = part.partition("-")
         out += list(range(int(lo), int(hi or lo) + 1))
     return out
-
-
-def _bind(cores: Sequence[int]) -> str:
-    return ",".join(str(c) for c in cores)
-
-
-def _engine_config(config: BenchConfig, adapter, memory_fraction: float) -> EngineConfig:
-    return EngineConfig(model=config.model, adapter=adapter, memory_fraction=memory_fraction,
-                        max_model_len=config.max_model_len, block_size=config.block_size,
-                        enforce_eager=not config.compile, dtype=config.dtype)
-
-
-def _start(cores: Sequence[int], start):
-    """Start an engine whose processes are bound to `cores` (vLLM reads the binding when it spawns them)."""
-    previous = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = _bind(cores)
-    try:
-        return start()
-    finally:
-        if previous is None:
-            os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
-        else:
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = previous
 
 
 # ----- workloads ------------------------------------------------------------------------------------
@@ -275,27 +251,14 @@ async def prefix_reuse(setup, engine: SharedEngine, prompts, repeats: int) -> li
     return rows
 
 
-def _rss(pids: Sequence[int]) -> int:
-    import psutil
-
-    total = 0
-    for pid in pids:
-        proc = psutil.Process(pid)
-        for p in [proc, *proc.children(recursive=True)]:
-            try:
-                total += p.memory_info().rss
-            except psutil.NoSuchProcess:
-                pass
-    return total
-
-
 # ----- the run -------------------------------------------------------------------------------------
 
 
 def _questions(n: int, offset: int = 0) -> list[str]:
     from gatehead.demo.build import held_out_examples
 
-    answerable = [e.question for e in held_out_examples() if e.label == "answer"]
+    # The validation split's: the test split is read once per model, for its figures, not as load.
+    answerable = [e.question for e in held_out_examples(("val",)) if e.label == "answer"]
     # One question per product first (the held-out set asks each fact twice, worded differently).
     seen, firsts = set(), []
     for q in answerable:
@@ -351,119 +314,86 @@ async def _repeated(config: BenchConfig, setup, engine: SharedEngine | None, cor
     return out
 
 
-def run(config: BenchConfig, log=print, on_setup=None) -> dict:
-    """Every setup in `config.setups`, one after the other on this machine (see the module docstring).
-    `on_setup(results)`, if given, is called with the runs measured so far (setup -> runs) each time a
-    setup finishes, so a stopped run keeps what it measured."""
+def layouts(config: BenchConfig, adapter, export: Path) -> list:
+    """The engine layouts `config.setups` run on, in the order they run (`gatehead.benchmarks.layouts`)."""
     from gatehead.agent import AgentConfig
-    from gatehead.demo.index import open_demo_store
-    from gatehead.evals.kv import checkpoint_bytes
-    from gatehead.gate.adapter import load_gate_adapter
-    from gatehead.runtime.dedicated import export_dedicated
 
-    unknown = set(config.setups) - set(SETUPS)
-    if unknown or (config.suffix_adapter is None and {"a_suffix", "a_overlap"} & set(config.setups)):
-        raise ValueError(f"setups are {list(SETUPS)} ((a') and (a'-overlap) need a suffix-mode adapter), not "
-                         f"{sorted(config.setups)}")
     cores = _cores(config.cores)
     if "split" in config.two_engine_cores and len(cores) < 2:
         raise ValueError("(b) split over cores needs at least 2 cores in --cores")
     half = len(cores) // 2
     bindings = {"split": (cores[:half], cores[half:]), "shared": (cores, cores)}  # (generator, gate) cores
+    answering = AgentConfig(thresholds=ALWAYS_ANSWER, max_answer_tokens=config.answer_tokens)
+    beside = replace(answering, answer_beside_gate=True)
+    ungated = (lambda e: Ungated(e, adapter), answering)
+    wanted = set(config.setups)
+    out = []
+    for name, adapter_dir, setups in (
+            ("shared_prompt", config.adapter, {"c_ungated": ungated}),
+            ("shared_suffix", config.suffix_adapter, {"a_suffix": (SharedGate, answering),
+                                                      "a_overlap": (SharedGate, beside)}),
+            ("stock", None, {"c0_stock": ungated, "d_judge": (lambda e: PromptedJudge(e, adapter), answering)})):
+        chosen = {k: v for k, v in setups.items() if k in wanted}
+        # The memory workload reads the prompt-mode shared engine and the stock one even where no setup runs.
+        if chosen or ("memory" in config.workloads and name != "shared_suffix" and
+                      not (name == "shared_prompt" and "a_prompt" in wanted)):
+            out.append(OneEngine(name, config, adapter_dir, cores, chosen))
+    out += [TwoEngineLayout(BINDINGS[b], config, adapter, export, *bindings[b], answering)
+            for b in config.two_engine_cores if BINDINGS[b] in wanted]
+    if "a_prompt" in wanted:  # last: the slowest setup (it recomputes whole prompts of up to 8k tokens)
+        out.append(OneEngine("shared_prompt", config, config.adapter, cores, {"a_prompt": (SharedGate, answering)}))
+    return out
+
+
+async def _measure(layout, config: BenchConfig, corpus, store, results: dict, log, on_setup) -> dict:
+    """Every setup of a started `layout`, `config.runs` runs each; the layout's memory figures."""
+    for setup in layout.measured():
+        log(SETUPS[setup.key])
+        results[setup.key] = await _repeated(config, setup.peer, setup.prefix_engine, corpus, layout.reset, store,
+                                             setup.agent_config, log, setup.refusals)
+        if on_setup is not None:
+            on_setup(results)
+    return await layout.memory()
+
+
+def run(config: BenchConfig, log=print, on_setup=None) -> dict:
+    """Every setup in `config.setups`, one layout of engines after the other on this machine (see the module
+    docstring). `on_setup(results)`, if given, is called with the runs measured so far (setup -> runs) each
+    time a setup finishes, so a stopped run keeps what it measured."""
+    from gatehead.demo.index import open_demo_store
+    from gatehead.evals.kv import checkpoint_bytes
+    from gatehead.gate.adapter import load_gate_adapter
+
+    unknown = set(config.setups) - set(SETUPS)
+    if unknown or (config.suffix_adapter is None and {"a_suffix", "a_overlap"} & set(config.setups)):
+        raise ValueError(f"setups are {list(SETUPS)} ((a') and (a'-overlap) need a suffix-mode adapter), not "
+                         f"{sorted(config.setups)}")
     adapter = load_gate_adapter(config.adapter, config.model)
-    agent_config = AgentConfig(thresholds=ALWAYS_ANSWER, max_answer_tokens=config.answer_tokens)
-    overlap_config = replace(agent_config, answer_beside_gate=True)
     results: dict[str, list[dict]] = {}
     memory: dict = {}
     with tempfile.TemporaryDirectory(prefix="gatehead-bench-") as tmp:
         store = open_demo_store(Path(tmp) / "qdrant", log=lambda *_: None)
         try:
             corpus = " ".join(h.text for h in store.search("warranty price weight colour", top_k=20)).split()
-
-            def on_engine(name: str, engine_adapter, setups: dict) -> None:
-                """Start one engine on every core with the full memory; run `setups` (name -> (setup of it,
-                agent config)) on it."""
-                engine = _start(cores, lambda: SharedEngine(_engine_config(config, engine_adapter,
-                                                                             config.memory_fraction)))
-
-                async def phase() -> None:  # one event loop for the engine's whole life
-                    for key, (make, settings) in setups.items():
-                        log(SETUPS[key])
-                        prefix_engine = engine if key in ("a_prompt", "a_suffix", "d_judge") else None
-                        results[key] = await _repeated(config, make(engine), prefix_engine, corpus,
-                                                       engine.reset_prefix_cache, store, settings, log,
-                                                       refusals=key in ("a_suffix", "a_overlap"))
-                        if on_setup is not None:
-                            on_setup(results)
-                    memory[name] = {"kv_tokens": engine.kv_tokens, "rss_bytes": _rss(engine.engine_pids()),
-                                    "plugin_bytes": await engine.plugin_memory() if engine_adapter else {}}
-
-                try:
-                    asyncio.run(phase())
+            for layout in layouts(config, adapter, Path(tmp) / "dedicated"):
+                layout.start()
+                try:  # one event loop for the layout's whole life
+                    memory[layout.name] = asyncio.run(_measure(layout, config, corpus, store, results, log,
+                                                               on_setup))
                 finally:
-                    engine.shutdown()
-
-            def two_engines(key: str, gen_cores: list[int], gate_cores: list[int], export: Path) -> None:
-                """(b) on `gen_cores` (stock vLLM) and `gate_cores` (the dedicated gate), half the memory each."""
-                log(SETUPS[key])
-                half_memory = config.memory_fraction / 2
-                generator = _start(gen_cores, lambda: SharedEngine(_engine_config(config, None, half_memory)))
-                dedicated = None
-                try:
-                    dedicated = gate = _start(gate_cores, lambda: DedicatedGate(
-                        export, config.max_model_len, half_memory, not config.compile, config.block_size,
-                        config.dtype))
-
-                    async def reset_both() -> None:
-                        await generator.reset_prefix_cache()
-                        await gate.llm.reset_prefix_cache()
-
-                    results[key] = asyncio.run(_repeated(config, TwoEngines(generator, dedicated, adapter), None,
-                                                         corpus, reset_both, store, agent_config, log))
-                    if on_setup is not None:
-                        on_setup(results)
-                    memory["two_engines"] = {"generator_kv_tokens": generator.kv_tokens,
-                                             "gate_kv_tokens": dedicated.kv_tokens,
-                                             "gate_prefix_caching": dedicated.prefix_caching,
-                                             "rss_bytes": _rss(generator.engine_pids() + dedicated.engine_pids())}
-                    memory["dedicated_weights_bytes"] = checkpoint_bytes(export)
-                finally:
-                    generator.shutdown()
-                    if dedicated is not None:
-                        dedicated.shutdown()
-
-            wanted = set(config.setups)
-            if "c_ungated" in wanted or ("memory" in config.workloads and "a_prompt" not in wanted):
-                on_engine("shared_prompt", config.adapter,
-                          {"c_ungated": (lambda e: Ungated(e, adapter), agent_config)} if "c_ungated" in wanted
-                          else {})
-            suffix_setups = {"a_suffix": (SharedGate, agent_config), "a_overlap": (SharedGate, overlap_config)}
-            if wanted & set(suffix_setups):
-                on_engine("shared_suffix", config.suffix_adapter, {k: v for k, v in suffix_setups.items()
-                                                                    if k in wanted})
-            stock_setups = {"c0_stock": (lambda e: Ungated(e, adapter), agent_config),
-                            "d_judge": (lambda e: PromptedJudge(e, adapter), agent_config)}
-            if wanted & set(stock_setups) or "memory" in config.workloads:
-                on_engine("stock", None, {k: v for k, v in stock_setups.items() if k in wanted})
-            two = [b for b in config.two_engine_cores if BINDINGS[b] in wanted]
-            export = export_dedicated(config.model, config.adapter, Path(tmp) / "dedicated", dtype=config.dtype) \
-                if two else None
-            for binding in two:
-                two_engines(BINDINGS[binding], *bindings[binding], export)
-            if "a_prompt" in wanted:  # last: the slowest setup (it recomputes whole prompts of up to 8k tokens)
-                on_engine("shared_prompt", config.adapter, {"a_prompt": (SharedGate, agent_config)})
+                    layout.shutdown()
         finally:
             store.close()
     if "memory" in config.workloads:
         base = checkpoint_bytes(config.model)
-        memory["weights_bytes"] = {"one_engine": base + memory["shared_prompt"]["plugin_bytes"].get("lora_and_head", 0),
-                                   "two_engines": base + memory.get("dedicated_weights_bytes", float("nan"))}
+        memory["weights_bytes"] = {
+            "one_engine": base + memory["shared_prompt"]["plugin_bytes"].get("lora_and_head", 0),
+            "two_engines": base + memory.get("two_engines", {}).get("dedicated_weights_bytes", float("nan"))}
         for name in ("shared_prompt", "shared_suffix"):
             if name in memory:
                 memory[f"kv_ratio_{name}_vs_stock"] = memory[name]["kv_tokens"] / memory["stock"]["kv_tokens"]
     runs = [{key: results[key][i] for key in results} for i in range(config.runs)]
-    per_run_ratios = [ratios(r) for r in runs]
-    figures = {"runs": runs, "setups": spread(runs), "ratios": spread(per_run_ratios), "memory": memory,
+    figures = {"runs": runs, "setups": spread(runs), "ratios": spread([ratios(r) for r in runs]), "memory": memory,
                "target_set": config.target_set}
     figures["targets"] = targets(figures)
     return figures

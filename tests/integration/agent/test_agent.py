@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
@@ -219,6 +220,34 @@ def test_an_answer_beside_the_gate_changes_nothing_the_user_sees(demo_shared, st
         assert [t["held"] for t in released] == [True] * answered
         if answered:  # the answer and its gate prefilled their shared prefix once (whole blocks of 32)
             assert after["prefix_cache_hits"] - before["prefix_cache_hits"] >= released[0]["prompt_tokens"] - 32
+
+
+def test_answers_beside_their_gates_in_mixed_batches_hold_the_stability_rule(demo_shared, store, loop) -> None:
+    """Validation questions of every label, all in flight at once: two sequential passes and one with answers
+    beside their gates (prefix cache emptied before each). DESIGN's stability rule: the overlapped pass differs
+    from a sequential one in no more turns than the two sequential passes differ (none where they are
+    identical); a turn's decisions and answer count."""
+    from gatehead.demo.build import held_out_examples
+
+    examples = held_out_examples(("val",))
+    questions = [e.question for label in ("answer", "refuse", "search")
+                 for e in [x for x in examples if x.label == label][:6]]
+
+    async def one_pass(agent: Agent) -> list[tuple]:
+        assert await demo_shared.reset_prefix_cache()
+        results = await asyncio.gather(*(agent.ask(q) for q in questions))
+        return [(r.decision, r.answer, tuple(g["decision"] for g in r.gates)) for r in results]
+
+    sequential = Agent(demo_shared, store, AgentConfig())
+    first, second = loop.run(one_pass(sequential)), loop.run(one_pass(sequential))
+    beside = loop.run(one_pass(Agent(demo_shared, store, AgentConfig(answer_beside_gate=True))))
+    repeat_differences = sum(a != b for a, b in zip(first, second, strict=True))
+    differences = [(q, a, b) for q, a, b in zip(questions, first, beside, strict=True) if a != b]
+    print(f"sequential vs sequential: {repeat_differences} of {len(questions)} turns differ; "
+          f"beside vs sequential: {len(differences)}")
+    assert len(differences) <= repeat_differences, differences
+    assert {d for d, _, _ in beside} >= {"answer", "refuse"}  # both paths ran: released and aborted answers
+    assert demo_shared.unfinished_requests == 0
 
 
 def test_bad_input_is_refused(agent, loop) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from pytest import approx
 
 from gatehead.benchmarks.bench_report import ratios, spread, tables, targets
@@ -83,3 +84,23 @@ def test_the_random_models_targets() -> None:
     assert not missed["overlap_e2e_p50_within_5pct_of_stock"]["met"]  # 6% over stock vLLM
     assert not missed["overlap_throughput_at_least_1.8x_two_engines"]["met"]  # 1.8 / 1.06 = 1.70x
     assert not missed["plugin_cost_within_2pct"]["met"]  # the plugin 3% slower
+
+
+def test_the_bench_runs_each_setup_on_its_layout_of_engines_in_order(tiny) -> None:
+    from gatehead.benchmarks.side_by_side import SETUPS, BenchConfig, layouts
+
+    config = BenchConfig(model=tiny.model_dir, adapter=tiny.adapter_dir, suffix_adapter=tiny.adapter_dir,
+                         cores="0-1", setups=tuple(SETUPS))
+    found = [(layout.name, layout.keys) for layout in layouts(config, tiny.adapter, tiny.model_dir)]
+    assert found == [("shared_prompt", ("c_ungated",)), ("shared_suffix", ("a_suffix", "a_overlap")),
+                     ("stock", ("c0_stock", "d_judge")), ("two_engines", ("b_split",)), ("two_engines", ("b_shared",)),
+                     ("shared_prompt", ("a_prompt",))]
+    two = [layout for layout in layouts(config, tiny.adapter, tiny.model_dir) if layout.name == "two_engines"]
+    assert [(t.gen_cores, t.gate_cores) for t in two] == [([0], [1]), ([0, 1], [0, 1])]
+    # Memory alone still starts the prompt-mode shared engine and the stock one; one binding alone, one (b).
+    only = BenchConfig(model=tiny.model_dir, adapter=tiny.adapter_dir, cores="0-1", setups=("b_shared",),
+                       two_engine_cores=("shared",))
+    assert [(x.name, x.keys) for x in layouts(only, tiny.adapter, tiny.model_dir)] == [
+        ("shared_prompt", ()), ("stock", ()), ("two_engines", ("b_shared",))]
+    with pytest.raises(ValueError, match="two_engine_cores"):
+        BenchConfig(model=tiny.model_dir, adapter=tiny.adapter_dir, two_engine_cores=("both",))

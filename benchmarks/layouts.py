@@ -1,0 +1,154 @@
+"""The engines `gatehead bench`'s setups run on: each layout is started, measured, read for memory, shut down.
+
+A layout is one or two engines with their cores and KV memory, and the setups (`gatehead.benchmarks.peers`)
+measured on them one after the other: `OneEngine` (one engine on every core with the whole KV memory: the
+shared engine with a prompt-mode or a suffix-mode gate, or stock vLLM) and `TwoEngineLayout` (stock vLLM
+beside the dedicated gate engine, half the memory each, in one of two core bindings). The benchmark loop
+(`side_by_side.run`) treats them alike. This module measures nothing itself.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gatehead.runtime.engine import EngineConfig, SharedEngine
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One setup on a started layout: what the agent runs on, with which settings, and where the prefix-reuse
+    workload answers (None: not run) and whether the refused-turns workload runs."""
+
+    key: str  # a `bench_report.SETUP_NAMES` key
+    peer: Any
+    agent_config: Any
+    prefix_engine: SharedEngine | None = None
+    refusals: bool = False
+
+
+def engine_config(bench, adapter, memory_fraction: float) -> EngineConfig:
+    """The engine every setup of `bench` (a `BenchConfig`) starts, with `adapter` (None: stock vLLM)."""
+    return EngineConfig(model=bench.model, adapter=adapter, memory_fraction=memory_fraction,
+                        max_model_len=bench.max_model_len, block_size=bench.block_size,
+                        enforce_eager=not bench.compile, dtype=bench.dtype)
+
+
+def bound(cores: Sequence[int], start: Callable[[], Any]) -> Any:
+    """`start()` an engine whose processes are bound to `cores` (vLLM reads the binding when it spawns them)."""
+    previous = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in cores)
+    try:
+        return start()
+    finally:
+        if previous is None:
+            os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+        else:
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = previous
+
+
+def resident_bytes(pids: Sequence[int]) -> int:
+    """Resident memory of processes `pids` and their children."""
+    import psutil
+
+    total = 0
+    for pid in pids:
+        proc = psutil.Process(pid)
+        for p in [proc, *proc.children(recursive=True)]:
+            try:
+                total += p.memory_info().rss
+            except psutil.NoSuchProcess:
+                pass
+    return total
+
+
+class OneEngine:
+    """One engine on `cores` with the whole KV memory; `setups` maps a setup key to (the peer made from the
+    engine, its agent settings)."""
+
+    def __init__(self, name: str, bench, adapter: Path | None, cores: Sequence[int],
+                 setups: dict[str, tuple[Callable[[SharedEngine], Any], Any]]) -> None:
+        self.name, self.bench, self.adapter, self.cores, self.setups = name, bench, adapter, cores, setups
+        self.engine: SharedEngine | None = None
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The setups measured on this layout, in order."""
+        return tuple(self.setups)
+
+    def start(self) -> None:
+        self.engine = bound(self.cores, lambda: SharedEngine(engine_config(self.bench, self.adapter,
+                                                                           self.bench.memory_fraction)))
+
+    def measured(self) -> Iterator[Measured]:
+        for key, (make, settings) in self.setups.items():
+            yield Measured(key, make(self.engine), settings,
+                           self.engine if key in ("a_prompt", "a_suffix", "d_judge") else None,
+                           refusals=key in ("a_suffix", "a_overlap"))
+
+    async def reset(self) -> None:
+        await self.engine.reset_prefix_cache()
+
+    async def memory(self) -> dict:
+        return {"kv_tokens": self.engine.kv_tokens, "rss_bytes": resident_bytes(self.engine.engine_pids()),
+                "plugin_bytes": await self.engine.plugin_memory()}
+
+    def shutdown(self) -> None:
+        if self.engine is not None:
+            self.engine.shutdown()
+
+
+class TwoEngineLayout:
+    """(b): stock vLLM generating on `gen_cores` beside the dedicated gate engine (the export of the prompt-mode
+    adapter, made once into `export`) on `gate_cores`, half the KV memory each."""
+
+    name = "two_engines"
+
+    def __init__(self, key: str, bench, adapter, export: Path, gen_cores: Sequence[int], gate_cores: Sequence[int],
+                 agent_config) -> None:
+        self.key, self.bench, self.adapter, self.export = key, bench, adapter, export
+        self.gen_cores, self.gate_cores, self.agent_config = gen_cores, gate_cores, agent_config
+        self.generator: SharedEngine | None = None
+        self.dedicated = None
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return (self.key,)
+
+    def start(self) -> None:
+        from gatehead.benchmarks.peers import DedicatedGate
+        from gatehead.runtime.dedicated import export_dedicated
+
+        if not (self.export / "gatehead_dedicated.json").exists():
+            export_dedicated(self.bench.model, self.bench.adapter, self.export, dtype=self.bench.dtype)
+        half = self.bench.memory_fraction / 2
+        self.generator = bound(self.gen_cores, lambda: SharedEngine(engine_config(self.bench, None, half)))
+        self.dedicated = bound(self.gate_cores, lambda: DedicatedGate(
+            self.export, self.bench.max_model_len, half, not self.bench.compile, self.bench.block_size,
+            self.bench.dtype))
+
+    def measured(self) -> Iterator[Measured]:
+        from gatehead.benchmarks.peers import TwoEngines
+
+        yield Measured(self.key, TwoEngines(self.generator, self.dedicated, self.adapter), self.agent_config)
+
+    async def reset(self) -> None:
+        await self.generator.reset_prefix_cache()
+        await self.dedicated.llm.reset_prefix_cache()
+
+    async def memory(self) -> dict:
+        from gatehead.evals.kv import checkpoint_bytes
+
+        return {"generator_kv_tokens": self.generator.kv_tokens, "gate_kv_tokens": self.dedicated.kv_tokens,
+                "gate_prefix_caching": self.dedicated.prefix_caching,
+                "rss_bytes": resident_bytes(self.generator.engine_pids() + self.dedicated.engine_pids()),
+                "dedicated_weights_bytes": checkpoint_bytes(self.export)}
+
+    def shutdown(self) -> None:
+        if self.generator is not None:
+            self.generator.shutdown()
+        if self.dedicated is not None:
+            self.dedicated.shutdown()
