@@ -13,6 +13,9 @@ SETUP_NAMES = {"a_prompt": "(a) shared, prompt-mode gate", "a_suffix": "(a') sha
                "b_shared": "(b) stock + dedicated gate, cores shared",
                "b_two_engines": "(b) stock + dedicated gate", "c_ungated": "(c) plugin loaded, no gate",
                "c0_stock": "(c0) stock vLLM, no gate", "d_judge": "(d) prompted judge"}
+SHORT_NAMES = {"a_prompt": "(a)", "a_suffix": "(a')", "a_overlap": "(a'-overlap)", "b_split": "(b) split",
+               "b_shared": "(b) shared", "b_two_engines": "(b)", "c_ungated": "(c)", "c0_stock": "(c0)",
+               "d_judge": "(d)"}
 WORKLOADS = ("single", "multi", "refuse", "prefix", "memory")
 GATED = ("a_prompt", "a_suffix", "a_overlap")
 # (b)'s bindings; "b_two_engines" is (b) in files from before both bindings ran (one binding, in the config).
@@ -153,7 +156,7 @@ def tables(figures: dict) -> str:
         rows = [[i + 1] + [_cell(setups[s]["multi_turn"]["by_turn"][i][m]) for s in threaded
                            for m in ("e2e_p50_ms", "gate_mean_ms")] for i in range(turns)]
         parts.append("Multi-turn threads, per turn of the thread (e2e p50 / gate mean, ms)\n\n" + table(
-            ["turn"] + [f"{SETUP_NAMES[s].split(' ')[0]} {m}" for s in threaded for m in ("e2e", "gate")], rows))
+            ["turn"] + [f"{SHORT_NAMES[s]} {m}" for s in threaded for m in ("e2e", "gate")], rows))
     for s in [s for s in present if "prefix_reuse" in setups[s]]:
         parts.append(f"Prefix reuse, {SETUP_NAMES[s]} (ms)\n\n" + table(
             ["gate prompt tokens", "gate, cold", "gate, prefix cached", "answer TTFT cold", "answer TTFT after gate"],
