@@ -7,7 +7,8 @@ the scheduler takes first prefills the shared prefix and the other reads it from
 caches a block when it is scheduled), and the answer's first tokens are ready when the gate returns.
 Nothing of it is seen until then: its generations are held here; on `answer` the `generate` node reads them
 exactly as it reads a fresh stream, and on any other decision, on a failed gate, or when the run ends
-without reading them, the request is aborted and the decode tokens it had made are counted as wasted. This module does not decide anything and sends nothing the user sees.
+without reading them, the request is aborted and the decode tokens it had made are counted as wasted.
+This module does not decide anything and sends nothing the user sees.
 """
 
 from __future__ import annotations
