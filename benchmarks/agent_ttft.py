@@ -16,13 +16,13 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import statistics
 import time
 
 from gatehead.demo import ADAPTER_DIR
 from gatehead.demo.build import held_out_examples
 from gatehead.demo.finetune import ensure_demo_model
+from gatehead.evals.provenance import machine
 from gatehead.gate.prompt import Turn
 from gatehead.runtime.engine import EngineConfig, SharedEngine
 
@@ -82,8 +82,7 @@ def main() -> None:
         figures = asyncio.run(run(engine, args.questions, args.turns))
     finally:
         engine.shutdown()
-    print(json.dumps({"machine": platform.processor() or platform.machine(), "mode": "compile" if args.compile
-                      else "eager",
+    print(json.dumps({"machine": machine(), "mode": "compile" if args.compile else "eager",
                       "block_size": block_size, **figures}, indent=2))
 
 

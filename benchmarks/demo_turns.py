@@ -44,7 +44,7 @@ def _gate_seconds(result) -> list[float]:
 async def _session(engine, store, warm_up: bool, started: float) -> dict:
     from gatehead.agent import Agent, AgentConfig
     from gatehead.agent.checkpoint import open_checkpointer
-    from gatehead.cli.agent import DEMO_QUESTIONS
+    from gatehead.demo import DEMO_QUESTIONS
 
     if warm_up:
         await engine.warm_up()
@@ -69,13 +69,13 @@ async def _session(engine, store, warm_up: bool, started: float) -> dict:
 
 
 def one_run(dtype: str, warm_up: bool, setup: str = "suffix") -> dict:
-    from gatehead.cli.common import chosen_model
+    from gatehead.demo.finetune import ensure_demo_model
     from gatehead.demo.index import CORPUS, demo_store_config
     from gatehead.retrieval.store import open_store
     from gatehead.runtime.engine import EngineConfig, SharedEngine
 
     model, adapter = SETUPS[setup]
-    model = chosen_model(model)  # the demo model is built on first use
+    ensure_demo_model()  # the demo model is built on first use
     store = open_store(demo_store_config(), (CORPUS,), log=lambda m: print(m, file=sys.stderr))
     try:
         started = time.perf_counter()
@@ -109,12 +109,12 @@ def main(argv: list[str] | None = None) -> int:
     keys = [k for k, v in runs[setups[0]][0].items() if isinstance(v, float)]
     from datetime import datetime, timezone
 
-    from gatehead.evals.run import _commit, machine
+    from gatehead.evals.provenance import described_commit, machine
     from gatehead.figures import fingerprint  # sha256 of the folders, as figures' envelopes record them
     from gatehead.runtime import cpu_setup
 
     result = {"command": " ".join(["python -m gatehead.benchmarks.demo_turns", *(argv or sys.argv[1:])]),
-              "commit": _commit(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "commit": described_commit(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": machine(),
               "fingerprints": {setup: {"model": fingerprint(Path(SETUPS[setup][0])), "adapter":
                                        fingerprint(Path(SETUPS[setup][1]))} for setup in setups},

@@ -42,8 +42,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -64,6 +62,7 @@ from gatehead.benchmarks.peers import (
     SharedGate,
     Ungated,
 )
+from gatehead.evals.provenance import machine
 from gatehead.gate.policy import LABELS
 from gatehead.gate.prompt import Passage
 from gatehead.runtime.engine import SharedEngine
@@ -443,7 +442,7 @@ def main(args) -> int:
                          workloads=tuple(args.workloads), dtype=args.dtype,
                          target_set="demo" if args.model == "demo" else "random")
     started = time.time()
-    header = {"command": " ".join(["gatehead", *sys.argv[1:]]), "machine": _machine(), "model": args.model,
+    header = {"command": " ".join(["gatehead", *sys.argv[1:]]), "machine": machine(), "model": args.model,
               "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()}}
     partial = Path(args.out).with_suffix(".partial.json") if args.out else None
     if partial is not None:
@@ -464,10 +463,3 @@ def main(args) -> int:
         if partial is not None and partial.exists():
             partial.unlink()
     return 0
-
-
-def _machine() -> dict:
-    from gatehead.runtime.dtype import cpu_bf16_path
-
-    return {"processor": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
-            "python": platform.python_version(), "bf16": cpu_bf16_path()}

@@ -69,7 +69,7 @@ def measure(adapter: Path, tokens: int, runs: int) -> dict:
 def main() -> None:
     from gatehead.demo import ADAPTER_DIR, SUFFIX_ADAPTER_DIR, kit_name
     from gatehead.demo.finetune import ensure_demo_model
-    from gatehead.evals.run import _commit, _versions, machine
+    from gatehead.evals.provenance import described_commit, machine, versions
     from gatehead.runtime.dtype import cpu_bf16_path
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -82,8 +82,8 @@ def main() -> None:
     result = {"command": "python -m gatehead.benchmarks.suffix_latency"
                          + (f" --tokens {args.tokens}" if args.tokens != 1900 else "")
                          + (f" --runs {args.runs}" if args.runs != 3 else ""),
-              "commit": _commit(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "machine": machine(), "cpu_bf16_path": cpu_bf16_path(), "versions": _versions(),
+              "commit": described_commit(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "machine": machine(), "cpu_bf16_path": cpu_bf16_path(), "versions": versions(),
               "weights_sha256": {kit_name(p): hashlib.sha256(p.read_bytes()).hexdigest()[:16]
                                  for d in (ensure_demo_model(), ADAPTER_DIR, SUFFIX_ADAPTER_DIR)
                                  for p in sorted(d.glob("*.safetensors"))},

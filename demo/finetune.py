@@ -433,11 +433,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         import sys
 
         from gatehead.demo.base import WEIGHTS, sha256_file
-        from gatehead.evals.run import _commit, machine
+        from gatehead.evals.provenance import described_commit, machine
 
         started = time.time()
         sets = validate(args.merged, engine=args.engine)
-        figures = {"command": "python -m gatehead.demo.finetune " + " ".join(sys.argv[1:]), "commit": _commit(),
+        figures = {"command": "python -m gatehead.demo.finetune " + " ".join(sys.argv[1:]),
+                   "commit": described_commit(),
                    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "machine": machine(),
                    "weights_sha256": sha256_file(args.merged / WEIGHTS), "engine": args.engine,
                    "seconds": round(time.time() - started, 1), "sets": sets}

