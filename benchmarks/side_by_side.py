@@ -416,35 +416,33 @@ def random_model(directory: Path) -> tuple[Path, Path, Path]:
     return model, adapter, suffix
 
 
-def main(args) -> int:
-    """`gatehead bench` (arguments parsed by the CLI)."""
+def bench_models(model: str, random_dir: Path, adapter: Path | None = None, suffix_adapter: Path | None = None,
+                 max_model_len: int | None = None) -> tuple[Path, Path, Path | None, int]:
+    """(model, prompt-mode adapter, suffix-mode adapter or None, window) of `gatehead bench --model`: "demo"
+    (built on first use), "random" (built on first use under `random_dir`) or a model folder with its adapters."""
     from gatehead.demo import ADAPTER_DIR, SUFFIX_ADAPTER_DIR
     from gatehead.demo.finetune import ensure_demo_model
 
-    if args.model == "demo":
-        model, adapter, suffix = ensure_demo_model(), ADAPTER_DIR, SUFFIX_ADAPTER_DIR
-        max_len = args.max_model_len or 2048
-    elif args.model == "random":
-        model, adapter, suffix = random_model(Path(args.random_dir))
-        max_len = args.max_model_len or 8192 + 512
-    else:
-        model, adapter, max_len = Path(args.model), Path(args.adapter), args.max_model_len or 2048
-        suffix = Path(args.suffix_adapter) if args.suffix_adapter else None
-    setups = tuple(args.setups) if args.setups else tuple(s for s in SETUPS
-                                                          if s not in ("a_suffix", "a_overlap") or suffix)
-    setups = tuple(s for s in setups if s not in BINDINGS.values()
-                   or s in (BINDINGS[b] for b in args.two_engine_cores))
-    config = BenchConfig(model=model, adapter=adapter, suffix_adapter=suffix, memory_fraction=args.memory_fraction,
-                         max_model_len=max_len, block_size=args.block_size, compile=args.compile, cores=args.cores,
-                         two_engine_cores=tuple(args.two_engine_cores), questions=args.questions,
-                         concurrency=tuple(args.concurrency), threads=args.threads, answer_tokens=args.answer_tokens,
-                         prefix_repeats=args.prefix_repeats, runs=args.runs, setups=setups,
-                         workloads=tuple(args.workloads), dtype=args.dtype,
-                         target_set="demo" if args.model == "demo" else "random")
+    if model == "demo":
+        return ensure_demo_model(), ADAPTER_DIR, SUFFIX_ADAPTER_DIR, max_model_len or 2048
+    if model == "random":
+        return (*random_model(Path(random_dir)), max_model_len or 8192 + 512)
+    return Path(model), Path(adapter), Path(suffix_adapter) if suffix_adapter else None, max_model_len or 2048
+
+
+def default_setups(suffix_adapter: Path | None, bindings: Sequence[str]) -> tuple[str, ...]:
+    """Every setup that can run: (a') and (a'-overlap) need a suffix-mode adapter; (b) in `bindings`."""
+    return tuple(s for s in SETUPS if (s not in ("a_suffix", "a_overlap") or suffix_adapter)
+                 and (s not in BINDINGS.values() or s in (BINDINGS[b] for b in bindings)))
+
+
+def bench(config: BenchConfig, model_name: str, out: Path | None = None) -> int:
+    """`gatehead bench` (the CLI builds `config`): runs it, prints the tables, writes `out` (JSON) and the
+    tables beside it, and the setups finished so far to `<out>.partial.json` as it goes."""
     started = time.time()
-    header = {"command": " ".join(["gatehead", *sys.argv[1:]]), "machine": machine(), "model": args.model,
+    header = {"command": " ".join(["gatehead", *sys.argv[1:]]), "machine": machine(), "model": model_name,
               "config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(config).items()}}
-    partial = Path(args.out).with_suffix(".partial.json") if args.out else None
+    partial = Path(out).with_suffix(".partial.json") if out else None
     if partial is not None:
         partial.parent.mkdir(parents=True, exist_ok=True)
 
@@ -457,9 +455,9 @@ def main(args) -> int:
               "seconds": round(time.time() - started, 1), **figures}
     text = tables(figures)
     print(text)
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-        Path(args.out).with_suffix(".md").write_text(text)
+    if out:
+        Path(out).write_text(json.dumps(result, indent=2) + "\n")
+        Path(out).with_suffix(".md").write_text(text)
         if partial is not None and partial.exists():
             partial.unlink()
     return 0

@@ -26,7 +26,7 @@ def _figures(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from gatehead.benchmarks.side_by_side import main as bench
+    from gatehead.benchmarks.side_by_side import BenchConfig, bench, bench_models, default_setups
 
     if (args.model in ("demo", "random")) == bool(args.adapter):
         raise ValueError("--adapter goes with --model PATH, and only with it")
@@ -39,7 +39,16 @@ def _bench(args: argparse.Namespace) -> int:
         raise ValueError("--concurrency values must be >= 1")
     if not 0.0 < args.memory_fraction < 1.0:
         raise ValueError("--memory-fraction must be in (0, 1)")
-    return bench(args)
+    model, adapter, suffix, window = bench_models(args.model, args.random_dir, args.adapter, args.suffix_adapter,
+                                                  args.max_model_len)
+    config = BenchConfig(
+        model=model, adapter=adapter, suffix_adapter=suffix, memory_fraction=args.memory_fraction,
+        max_model_len=window, block_size=args.block_size, compile=args.compile, cores=args.cores,
+        two_engine_cores=tuple(args.two_engine_cores), questions=args.questions, concurrency=tuple(args.concurrency),
+        threads=args.threads, answer_tokens=args.answer_tokens, prefix_repeats=args.prefix_repeats, runs=args.runs,
+        setups=tuple(args.setups) if args.setups else default_setups(suffix, args.two_engine_cores),
+        workloads=tuple(args.workloads), dtype=args.dtype, target_set="demo" if args.model == "demo" else "random")
+    return bench(config, args.model, args.out)
 
 
 def _eval(args: argparse.Namespace) -> int:

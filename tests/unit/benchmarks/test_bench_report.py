@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pytest import approx
 
@@ -104,3 +106,11 @@ def test_the_bench_runs_each_setup_on_its_layout_of_engines_in_order(tiny) -> No
         ("shared_prompt", ()), ("stock", ()), ("two_engines", ("b_shared",))]
     with pytest.raises(ValueError, match="two_engine_cores"):
         BenchConfig(model=tiny.model_dir, adapter=tiny.adapter_dir, two_engine_cores=("both",))
+
+
+def test_the_default_setups_are_those_the_adapters_and_bindings_allow() -> None:
+    from gatehead.benchmarks.side_by_side import SETUPS, default_setups
+
+    assert default_setups(Path("suffix"), ("split", "shared")) == tuple(SETUPS)
+    assert default_setups(None, ("shared",)) == tuple(s for s in SETUPS if s not in ("a_suffix", "a_overlap",
+                                                                                    "b_split"))
