@@ -75,6 +75,7 @@ RANDOM_SHAPE = dict(num_layers=24, hidden_size=896, intermediate_size=4864, num_
                     head_dim=64, max_position=16384, initializer_range=0.02)
 RANDOM_SUFFIX_LENGTH = 4
 BINDINGS = {"split": "b_split", "shared": "b_shared"}  # (b)'s core bindings and their setups
+SPLIT_NEEDS_TWO = "(b) with --two-engine-cores split needs at least 2 cores in --cores (or give shared alone)"
 
 
 @dataclass(frozen=True)
@@ -110,7 +111,8 @@ class BenchConfig:
             raise ValueError(f"two_engine_cores takes {sorted(BINDINGS)}, not {list(self.two_engine_cores)}")
 
 
-def _cores(spec: str) -> list[int]:
+def cores_of(spec: str) -> list[int]:
+    """The cores of a binding spec in vLLM's VLLM_CPU_OMP_THREADS_BIND syntax ("0-1", "0,2-3")."""
     out: list[int] = []
     for part in spec.split(","):
         lo, _, hi = part.partition("-")
@@ -317,9 +319,9 @@ def layouts(config: BenchConfig, adapter, export: Path) -> list:
     """The engine layouts `config.setups` run on, in the order they run (`gatehead.benchmarks.layouts`)."""
     from gatehead.agent import AgentConfig
 
-    cores = _cores(config.cores)
+    cores = cores_of(config.cores)
     if "split" in config.two_engine_cores and len(cores) < 2:
-        raise ValueError("(b) split over cores needs at least 2 cores in --cores")
+        raise ValueError(SPLIT_NEEDS_TWO)
     half = len(cores) // 2
     bindings = {"split": (cores[:half], cores[half:]), "shared": (cores, cores)}  # (generator, gate) cores
     answering = AgentConfig(thresholds=ALWAYS_ANSWER, max_answer_tokens=config.answer_tokens)

@@ -26,7 +26,14 @@ def _figures(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from gatehead.benchmarks.side_by_side import BenchConfig, bench, bench_models, default_setups
+    from gatehead.benchmarks.side_by_side import (
+        SPLIT_NEEDS_TWO,
+        BenchConfig,
+        bench,
+        bench_models,
+        cores_of,
+        default_setups,
+    )
 
     if (args.model in ("demo", "random")) == bool(args.adapter):
         raise ValueError("--adapter goes with --model PATH, and only with it")
@@ -39,6 +46,8 @@ def _bench(args: argparse.Namespace) -> int:
         raise ValueError("--concurrency values must be >= 1")
     if not 0.0 < args.memory_fraction < 1.0:
         raise ValueError("--memory-fraction must be in (0, 1)")
+    if "split" in args.two_engine_cores and len(cores_of(args.cores)) < 2:
+        raise ValueError(SPLIT_NEEDS_TWO)
     model, adapter, suffix, window = bench_models(args.model, args.random_dir, args.adapter, args.suffix_adapter,
                                                   args.max_model_len)
     config = BenchConfig(

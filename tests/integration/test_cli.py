@@ -75,6 +75,7 @@ def test_bad_input_exits_2_with_the_fix(tiny: TinyModel, tiny_other: TinyModel) 
                           (["--cores", "0"], "split needs at least 2 cores")):
         bench = run("bench", *args)
         assert bench.returncode == 2 and message in bench.stderr, bench.stderr
+        assert "Loading weights" not in bench.stderr  # refused before any model is loaded
 
 
 def test_export_dedicated_writes_a_stock_classifier(tiny: TinyModel, tmp_path: Path) -> None:
