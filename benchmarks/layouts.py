@@ -17,6 +17,9 @@ from typing import Any
 
 from gatehead.runtime.engine import EngineConfig, SharedEngine
 
+PREFIX_SETUPS = ("a_prompt", "a_suffix", "d_judge")  # the gates the prefix-reuse workload times
+REFUSAL_SETUPS = ("a_suffix", "a_overlap")  # where the refused-turns workload runs: sequential vs beside
+
 
 @dataclass(frozen=True)
 class Measured:
@@ -85,9 +88,8 @@ class OneEngine:
 
     def measured(self) -> Iterator[Measured]:
         for key, (make, settings) in self.setups.items():
-            yield Measured(key, make(self.engine), settings,
-                           self.engine if key in ("a_prompt", "a_suffix", "d_judge") else None,
-                           refusals=key in ("a_suffix", "a_overlap"))
+            yield Measured(key, make(self.engine), settings, self.engine if key in PREFIX_SETUPS else None,
+                           refusals=key in REFUSAL_SETUPS)
 
     async def reset(self) -> None:
         await self.engine.reset_prefix_cache()
