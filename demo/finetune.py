@@ -48,6 +48,7 @@ class FinetuneConfig:
     knowledge_bases: int = 30  # synthetic knowledge bases beside the labelled training split
     conversations: int = 400  # follow-up exchanges per synthetic knowledge base (`conversation_examples`)
     real_conversations: int = 3000  # follow-up exchanges over the training split's own products
+    labelled_repeats: int = 1  # times each labelled training row (real retrieval, people's phrasings) is seen
     seed: int = 0
     max_steps: int | None = None  # stop early (smoke runs)
     # Train for about this many seconds (a CPU's run): the step count is fixed from the rate of steps 3-8,
@@ -80,8 +81,8 @@ def examples(config: FinetuneConfig, data_dir: Path, smoke: bool = False) -> lis
 
     records = training_records(data_dir, phrasings=True)[:40 if smoke else None]
     bases = 1 if smoke else config.knowledge_bases
-    out = training_examples(records, bases, config.seed, same_category=True, wide_names=True, phrasings=True,
-                            exclude=handwritten_texts())
+    out = training_examples(records * config.labelled_repeats, bases, config.seed, same_category=True,
+                            wide_names=True, phrasings=True, exclude=handwritten_texts())
     r = random.Random(f"conversations-{config.seed}")
     for i in range(bases):  # the same synthetic knowledge bases `training_examples` drew, with their ghosts
         stems = invented_stems(random.Random(f"{config.seed}-{i}"), 80, True)

@@ -16,7 +16,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gatehead.agent.prompts import ANSWER_SYSTEM, REFUSAL, REWRITE_SYSTEM
-from gatehead.demo.kb import Doc, KnowledgeBase, build_kb, category_of, invented_stems
+from gatehead.demo.kb import Doc, Fact, KnowledgeBase, build_kb, category_of, invented_stems
+from gatehead.demo.phrasings import (
+    FOLLOW_UP_FAMILIES,
+    FOLLOW_UPS_BY_ATTRIBUTE,
+    families_for,
+    families_in,
+    family_key,
+    render,
+)
 from gatehead.demo.questions import Question, build_questions, phrased_questions
 from gatehead.gate.data import parse_example
 from gatehead.gate.prompt import Passage, Turn
@@ -162,12 +170,12 @@ _CASUAL = {"price": ["how much is it", "and what does it cost?", "price?", "how 
 _ABOUT = ["and its {attr}?", "what about its {attr}", "how about the {attr}?", "and the {attr}?", "whats its {attr}",
           "ok and {attr}?", "What is its {attr}?", "{attr}?"]
 _SWITCH = ["and the {name}?", "what about the {name}?", "how about {name}", "ok and the {name}", "same for the {name}?",
-           "And the {name}?", "what about {name} then"]
-_AFTER_REFUSAL = ["ok, what does it cost then?", "fine. how heavy is it?", "ok and its warranty?",
-                  "what colour is it then"]
-_AFTER_REFUSAL_ATTR = ("price", "weight", "warranty", "colour")
+           "And the {name}?", "what about {name} then", "and {name}?", "the {name}?", "and for the {name}",
+           "how about the {name} instead?", "ok what about the {name}", "{name} too?", "thanks, and the {name}?"]
+_AFTER_REFUSAL = ["ok, {q}", "fine. {q}", "ok then {q}", "{q}", "never mind. {q}"]
 _OFF_TOPIC = ["who won the world cup in 2018?", "whats the capital of canada", "how do i cook rice",
               "what is the weather in bergen tomorrow?", "can you write me a poem about tents"]
+_RESET = "reset time when it "
 
 
 def _typed(name: str, r: random.Random) -> str:
@@ -175,57 +183,92 @@ def _typed(name: str, r: random.Random) -> str:
     return name.lower() if r.random() < 0.3 else name
 
 
+def standalone_question(attribute: str, name: str) -> str:
+    """The standalone form of a question about a product's attribute (a reset names its fault)."""
+    if attribute.startswith(_RESET):
+        return f"How do I reset the {name} if it {attribute.removeprefix(_RESET)}?"
+    return _CANONICAL.format(attr=attribute, name=name)
+
+
+def _asked(fact: Fact, name: str, r: random.Random) -> str:
+    """A first question about `fact`: the standalone form, or a training-split phrasing family's wording."""
+    if r.random() < 0.4:
+        return standalone_question(fact.attribute, name)
+    group = families_for(fact.attribute)
+    family = r.choice(families_in(group, "train"))
+    return render(family, r.choice(group[family]), fact.attribute, ref=name)
+
+
+def _pronoun(fact: Fact, r: random.Random) -> str:
+    """A follow-up asking for `fact` of the product already in the conversation, by pronoun or not at all."""
+    key = family_key(fact.attribute)
+    own = FOLLOW_UPS_BY_ATTRIBUTE.get("reset" if fact.attribute.startswith(_RESET) else key, [])
+    roll = r.random()
+    if own and (roll < 0.4 or fact.attribute.startswith(_RESET)):
+        return render("", r.choice(own), fact.attribute)
+    if roll < 0.7:
+        family = r.choice(families_in(FOLLOW_UP_FAMILIES, "train"))
+        return render(family, r.choice(FOLLOW_UP_FAMILIES[family]), fact.attribute)
+    return r.choice(_CASUAL.get(fact.attribute, []) + _ABOUT).format(attr=fact.attribute)
+
+
+def _same_kind(product, fact: Fact) -> Fact | None:
+    """`product`'s fact of the same attribute as `fact` (any fault, for a reset)."""
+    reset = fact.attribute.startswith(_RESET)
+    return next((f for f in product.facts
+                 if f.attribute == fact.attribute or (reset and f.attribute.startswith(_RESET))), None)
+
+
 def conversation_examples(kb: KnowledgeBase, r: random.Random, count: int) -> list[LMExample]:
     """Follow-ups of every kind the agent meets, each made standalone (the rewrite task) and answered.
 
-    One earlier exchange (a question about a product and its cited answer, or a refusal), then a
-    follow-up: about the same product by pronoun, about another product by name, about a product that
-    does not exist, after a refusal, off topic, by order code, or a question that needs no rewrite. The
-    standalone question keeps every name as the user typed it and never adds one; the answer reads the
-    conversation and the passages retrieved for the standalone question.
+    One earlier exchange (a question about any fact of a product, asked as people ask it, and its cited
+    answer, or a refusal), then a follow-up: about the same product by pronoun, about another product by
+    name (the earlier question's attribute carried over), about a product that does not exist, after a
+    refusal, off topic, by order code, or a question that needs no rewrite. The standalone question keeps
+    every name as the user typed it and never adds one; the answer reads the conversation and the
+    passages retrieved for the standalone question.
     """
     out: list[LMExample] = []
     products = [p for p in kb.products if p.facts]
     for _ in range(count):
         product = r.choice(products)
-        spec = [f for f in product.facts if f.doc_id.startswith("products/")]
-        first = r.choice(spec)
+        first = r.choice(product.facts)
         gold = kb.by_id[first.doc_id]
-        asked = _CANONICAL.format(attr=first.attribute, name=_typed(product.name, r))
-        case = r.choice(("pronoun", "pronoun", "switch", "switch", "missing", "after-refusal", "off-topic", "code",
-                         "standalone"))
+        case = r.choice(("pronoun", "pronoun", "switch", "switch", "switch", "missing", "after-refusal", "off-topic",
+                         "code", "standalone"))
         if case == "after-refusal":
-            conversation = (Turn("user", f"Who designed the {product.name}?"), Turn("assistant", REFUSAL))
+            conversation = (Turn("user", f"Who designed the {_typed(product.name, r)}?"), Turn("assistant", REFUSAL))
         else:
             earlier = cited(first.value, (passage(gold),), f"{gold.doc_id}.md")
-            conversation = (Turn("user", asked), Turn("assistant", earlier))
+            conversation = (Turn("user", _asked(first, _typed(product.name, r), r)), Turn("assistant", earlier))
         target_fact, target_product = None, product
-        if case == "pronoun":
-            fact = r.choice([f for f in spec if f is not first] or spec)
-            follow_up = r.choice(_CASUAL.get(fact.attribute, []) + _ABOUT).format(attr=fact.attribute)
-            standalone, target_fact = _CANONICAL.format(attr=fact.attribute, name=product.name), fact
+        if case in ("pronoun", "after-refusal"):
+            fact = r.choice([f for f in product.facts if f is not first] or product.facts)
+            follow_up = _pronoun(fact, r)
+            if case == "after-refusal":
+                follow_up = r.choice(_AFTER_REFUSAL).format(q=follow_up[:1].lower() + follow_up[1:])
+            standalone, target_fact = standalone_question(fact.attribute, product.name), fact
         elif case == "switch":
             other = r.choice([p for p in products if p is not product and p.category == product.category] or products)
             typed = _typed(other.name, r)
             follow_up = r.choice(_SWITCH).format(name=typed)
-            standalone = _CANONICAL.format(attr=first.attribute, name=typed)
-            target_product = other
-            target_fact = next((f for f in other.facts if f.attribute == first.attribute), None)
+            target_product, target_fact = other, _same_kind(other, first)
+            attribute = "reset time when it " if first.attribute.startswith(_RESET) else first.attribute
+            standalone = (f"How do I reset the {typed}?" if attribute == _RESET
+                          else standalone_question(attribute, typed))
         elif case == "missing":
             noun = product.name.split(" ", 1)[1]
             ghost = f"{r.choice(kb.ghosts).split(' ', 1)[0]} {noun}"
             typed = _typed(ghost, r)
             follow_up = r.choice(_SWITCH).format(name=typed)
-            standalone, target_product = _CANONICAL.format(attr=first.attribute, name=typed), None
-        elif case == "after-refusal":
-            i = r.randrange(len(_AFTER_REFUSAL))
-            follow_up, attribute = _AFTER_REFUSAL[i], _AFTER_REFUSAL_ATTR[i]
-            target_fact = next(f for f in product.facts if f.attribute == attribute)
-            standalone = _CANONICAL.format(attr=attribute, name=product.name)
+            standalone = (f"How do I reset the {typed}?" if first.attribute.startswith(_RESET)
+                          else standalone_question(first.attribute, typed))
+            target_product = None
         elif case == "standalone":  # a question that needs no rewrite is left as it is
             other = r.choice(products)
-            target_fact = r.choice([f for f in other.facts if f.doc_id.startswith("products/")])
-            follow_up = standalone = _CANONICAL.format(attr=target_fact.attribute, name=other.name)
+            target_fact = r.choice(other.facts)
+            follow_up = standalone = standalone_question(target_fact.attribute, other.name)
             target_product = other
         elif case == "off-topic":
             follow_up = standalone = r.choice(_OFF_TOPIC)
@@ -234,6 +277,8 @@ def conversation_examples(kb: KnowledgeBase, r: random.Random, count: int) -> li
             other = r.choice(products)
             follow_up = r.choice(_SWITCH).format(name=other.code).replace("the ", "")
             standalone, target_product = f"What is the {first.attribute} of {other.code}?", None
+            if first.attribute.startswith(_RESET):
+                standalone = f"How do I reset {other.code}?"
         out.append(LMExample(REWRITE_SYSTEM, follow_up, (), standalone, conversation))
         if target_fact is not None and target_product is not None:
             docs = _context(kb, [kb.by_id[target_fact.doc_id]], set(), r, target_product.name)
