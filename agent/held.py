@@ -78,11 +78,12 @@ class HeldAnswers:
     def __init__(self) -> None:
         self._held: dict[tuple, HeldAnswer] = {}
 
-    def start(self, engine: Any, prompt: Sequence[int], *, max_tokens: int, cache_salt: str | None) -> HeldAnswer:
+    def start(self, engine: Any, prompt: Sequence[int], *, max_tokens: int, cache_salt: str | None,
+              priority: int = 0) -> HeldAnswer:
         key = (tuple(prompt), max_tokens, cache_salt)
         assert key not in self._held, "one held answer per prompt: the last gate's was released or aborted"
         held = self._held[key] = HeldAnswer(engine.stream(list(prompt), max_tokens=max_tokens,
-                                                          cache_salt=cache_salt))
+                                                          cache_salt=cache_salt, priority=priority))
         return held
 
     def take(self, prompt: Sequence[int], *, max_tokens: int, cache_salt: str | None) -> HeldAnswer | None:

@@ -26,6 +26,10 @@ from gatehead.errors import InvalidInput
 from gatehead.gate.policy import Thresholds
 from gatehead.gate.prompt import Turn
 
+# A gate's answer and a rewrite for another search go before new turns' work where the engine schedules by
+# priority (`EngineConfig.scheduling_policy`, lower first): a gated turn then queues once, not twice.
+POST_GATE_PRIORITY = -1
+
 Node = Callable[[AgentState, Runtime[AgentContext]], Awaitable[dict]]
 
 
@@ -142,7 +146,8 @@ async def gate(state: AgentState, runtime: Runtime[AgentContext]) -> dict:
     if ctx.config.answer_beside_gate:
         prompt = ctx.engine.prompts.build(state["ask"], [as_passage(p) for p in state["passages"]],
                                           turns_of(state["history"]))
-        held = ctx.held.start(ctx.engine, prompt.answer, max_tokens=ctx.answer_tokens, cache_salt=ctx.cache_salt)
+        held = ctx.held.start(ctx.engine, prompt.answer, max_tokens=ctx.answer_tokens, cache_salt=ctx.cache_salt,
+                              priority=POST_GATE_PRIORITY)
     try:
         result = await gate_decision(ctx.engine, state["ask"], state["passages"], state["history"],
                                      ctx.config.thresholds, ctx.cache_salt)
@@ -164,8 +169,8 @@ async def generate(state: AgentState, runtime: Runtime[AgentContext]) -> dict:
                                       turns_of(state["history"]))
     started, first, text, cached, tokens, finish = time.perf_counter(), None, "", 0, 0, None
     held = ctx.held.take(prompt.answer, max_tokens=ctx.answer_tokens, cache_salt=ctx.cache_salt)
-    stream = held.release() if held is not None else ctx.engine.stream(prompt.answer, max_tokens=ctx.answer_tokens,
-                                                                       cache_salt=ctx.cache_salt)
+    stream = held.release() if held is not None else ctx.engine.stream(
+        prompt.answer, max_tokens=ctx.answer_tokens, cache_salt=ctx.cache_salt, priority=POST_GATE_PRIORITY)
     async with aclosing(stream):
         async for out in stream:
             if out.token_ids and first is None:  # the first token, whether or not it decodes to text yet
@@ -195,7 +200,8 @@ async def rewrite(state: AgentState, runtime: Runtime[AgentContext]) -> dict:
     ctx = runtime.context
     passages = [as_passage(p) for p in state["passages"]]
     prompt = ctx.rewriter.build(state["ask"], passages, turns_of(state["history"]))
-    out = await ctx.engine.generate(prompt.answer, max_tokens=ctx.config.max_rewrite_tokens, cache_salt=ctx.cache_salt)
+    out = await ctx.engine.generate(prompt.answer, max_tokens=ctx.config.max_rewrite_tokens, cache_salt=ctx.cache_salt,
+                                    priority=POST_GATE_PRIORITY)
     text, searches = out.text.strip(), state.get("searches", 0) + 1
     sources = [state["question"], *(f"{p.title}\n{p.text}" for p in passages)]
     reason = rewrite_problem(text, state["ask"], state["history"], sources=sources, keep_names=False)

@@ -37,7 +37,8 @@ def engine_config(bench, adapter, memory_fraction: float) -> EngineConfig:
     """The engine every setup of `bench` (a `BenchConfig`) starts, with `adapter` (None: stock vLLM)."""
     return EngineConfig(model=bench.model, adapter=adapter, memory_fraction=memory_fraction,
                         max_model_len=bench.max_model_len, block_size=bench.block_size,
-                        enforce_eager=not bench.compile, dtype=bench.dtype)
+                        enforce_eager=not bench.compile, dtype=bench.dtype,
+                        scheduling_policy=bench.scheduling_policy if adapter is not None else "fcfs")
 
 
 def bound(cores: Sequence[int], start: Callable[[], Any]) -> Any:

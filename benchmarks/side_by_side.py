@@ -101,6 +101,7 @@ class BenchConfig:
     workloads: tuple[str, ...] = WORKLOADS
     target_set: str = "random"  # whose targets judge the run: "random" (the 0.36 B model's) or "demo"
     dtype: str = "auto"  # every setup's, resolved once (runtime/dtype.py): bf16 where native, else fp32
+    scheduling_policy: str = "fcfs"  # gatehead's engines' (`EngineConfig`); stock vLLM keeps its default, fcfs
 
     def __post_init__(self) -> None:
         from gatehead.runtime.dtype import resolve_dtype

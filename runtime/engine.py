@@ -57,6 +57,9 @@ class EngineConfig:
     block_size: int | None = None
     max_gate_tokens: int | None = None  # default: max_model_len
     seed: int = 0
+    # "priority": vLLM's priority scheduler, where a request's `priority` (lower first) orders the waiting
+    # queue and picks who is preempted; "fcfs" (vLLM's default) ignores it.
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
     # Diagnostics that separate causes in the stability check: "perturbed" is its negative control
     # (the tap writes its rounding back); "off" loads the gated model without the tap, and
     # branch=False keeps the tap but never runs the branch. Gate requests fail in both.
@@ -71,6 +74,9 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.tap must be 'copy', 'perturbed' or 'off', got {self.tap!r}")
         if self.branch not in (True, False, "suffix-only"):
             raise ValueError(f"EngineConfig.branch must be True, False or 'suffix-only', got {self.branch!r}")
+        if self.scheduling_policy not in ("fcfs", "priority"):
+            raise ValueError("EngineConfig.scheduling_policy must be 'fcfs' or 'priority', "
+                             f"got {self.scheduling_policy!r}")
 
 
 def kv_bytes_per_token(hf_config, dtype: str) -> int:
@@ -166,7 +172,7 @@ class SharedEngine:
         args = dict(
             model=str(model_dir), dtype=config.dtype, max_model_len=self.max_model_len, seed=config.seed,
             enforce_eager=config.enforce_eager, enable_prefix_caching=config.enable_prefix_caching,
-            enable_chunked_prefill=config.enable_chunked_prefill,
+            enable_chunked_prefill=config.enable_chunked_prefill, scheduling_policy=config.scheduling_policy,
             disable_log_stats=False, **config.extra,
         )
         if overrides:
@@ -230,13 +236,15 @@ class SharedEngine:
 
     async def stream(self, prompt: str | Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
                      top_p: float = 1.0, stop: Sequence[str] = (), ignore_eos: bool = False, seed: int | None = None,
-                     cache_salt: str | None = None, bypass_prefix_cache: bool = False) -> AsyncIterator[Generation]:
+                     cache_salt: str | None = None, bypass_prefix_cache: bool = False,
+                     priority: int = 0) -> AsyncIterator[Generation]:
         """Yield the generation so far after each step (cumulative), the last one finished.
 
         `stop`: strings that end the generation (not included in the text; finish reason "stop").
         `cache_salt` keeps this request's prefix-cache blocks apart from those of other salts (one
         salt per tenant: no tenant can probe another's prompts through cache timing).
         `bypass_prefix_cache` computes the whole prompt afresh (the degenerate-output guard's retry).
+        `priority`: lower is scheduled first where `EngineConfig.scheduling_policy` is "priority"; else ignored.
         """
         from vllm import SamplingParams
 
@@ -256,7 +264,8 @@ class SharedEngine:
                                 ignore_eos=ignore_eos, logprobs=0, seed=seed,
                                 skip_reading_prefix_cache=bypass_prefix_cache or None)
         self._stats.generation_requests += 1
-        async for out in self.llm.generate(_prompt(ids, cache_salt), params, request_id=f"gen-{uuid.uuid4().hex}"):
+        async for out in self.llm.generate(_prompt(ids, cache_salt), params, request_id=f"gen-{uuid.uuid4().hex}",
+                                           priority=priority):
             completion = out.outputs[0]
             logprobs = [entry[token].logprob for entry, token in zip(completion.logprobs or [], completion.token_ids,
                                                                       strict=False)]
@@ -265,10 +274,10 @@ class SharedEngine:
 
     async def generate(self, prompt: str | Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
                        top_p: float = 1.0, stop: Sequence[str] = (), ignore_eos: bool = False, seed: int | None = None,
-                       cache_salt: str | None = None) -> Generation:
+                       cache_salt: str | None = None, priority: int = 0) -> Generation:
         """Generate a completion of `prompt` (text, tokenized with special tokens parsed, or token ids)."""
         return await _last(self.stream(prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop=stop,
-                                       ignore_eos=ignore_eos, seed=seed, cache_salt=cache_salt))
+                                       ignore_eos=ignore_eos, seed=seed, cache_salt=cache_salt, priority=priority))
 
     async def generate_many(self, prompts: Sequence[str | Sequence[int]], *, max_tokens: int = 256,
                             temperature: float = 0.0, ignore_eos: bool = False) -> list[Generation]:
