@@ -224,17 +224,24 @@ def _results(item: Item, out: Path, folder: Path, stdout: str) -> dict:
 
 
 def sealed_read(item: Item, figures_dir: Path, root: Path = ROOT) -> bool:
-    """Whether a sealed item's file already holds a reading of the model and adapter committed now."""
-    path = figures_dir / f"{item.name}.json"
-    if not item.sealed or not path.exists():
+    """Whether the model and adapter committed now were already measured on a sealed item's test split:
+    its file holds such a reading, or the ledger records one (`evals.sealed`, any command that read it)."""
+    from gatehead.evals.sealed import readings
+
+    if not item.sealed:
         return False
-    return json.loads(path.read_text()).get("fingerprints") == fingerprints(item, root)
+    now = fingerprints(item, root)
+    path = figures_dir / f"{item.name}.json"
+    if path.exists() and json.loads(path.read_text()).get("fingerprints") == now:
+        return True
+    return bool(readings({k: v for k, v in now.items() if k in ("model", "adapter")}, root / LEDGER))
 
 
 def run_item(item: Item, figures_dir: Path = FIGURES_DIR, root: Path = ROOT, reread: bool = False,
              log_dir: Path | None = None) -> dict:
     """Run one item; on success write and return its envelope. Raises RuntimeError on failure."""
-    if item.sealed and sealed_read(item, figures_dir, root) and not reread:
+    earlier = sealed_read(item, figures_dir, root)
+    if earlier and not reread:
         raise RuntimeError(f"{item.name} reads sealed held-out data and was read on this model and adapter "
                            f"({figures_dir / (item.name + '.json')}); --reread reads it again, as a development figure")
     work = Path(tempfile.mkdtemp(prefix=f"figures-{item.name}-"))
@@ -271,7 +278,7 @@ def run_item(item: Item, figures_dir: Path = FIGURES_DIR, root: Path = ROOT, rer
         "commit": commit, "dirty": dirty,  # as the item started
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "seconds": round(seconds, 1),
         "machine": provenance.machine(), "fingerprints": fingerprints(item, root),
-        "reread": bool(item.sealed and reread),
+        "reread": earlier,  # a development figure: these weights were measured on this test split before
         "results": results,
     }
     figures_dir.mkdir(parents=True, exist_ok=True)

@@ -108,9 +108,10 @@ def _eval(args: argparse.Namespace) -> int:
 
     questions, corpus = args.questions, args.corpus
     if args.demo:
-        questions, corpus = questions or demo.DEMO_DIR / "data" / "test.jsonl", corpus or demo.DEMO_DIR / "corpus"
+        questions = questions or demo.DEMO_DIR / "data" / f"{args.demo}.jsonl"
+        corpus = corpus or demo.DEMO_DIR / "corpus"
     if questions is None:
-        raise ValueError("give --questions (or --demo for the demo test split)")
+        raise ValueError("give --questions (or --demo for a demo split)")
     store = store_config(args) if (args.store or args.url) else None
     return run_eval("dataset", settings, lambda out: run_dataset(
         config, questions, corpus, out, store, args.gate_only, args.top_k, args.limit, args.concurrency,
@@ -133,7 +134,9 @@ def add_parsers(commands) -> None:
     e = evals.add_parser("dataset", help="offline run over a labelled question set (gate or whole agent)")
     e.add_argument("--questions", type=Path, help="questions JSONL (see evals/dataset.py)")
     e.add_argument("--corpus", type=Path, help="a folder or JSONL file of documents, ingested into a fresh store")
-    e.add_argument("--demo", action="store_true", help="the demo test split (demo/data/test.jsonl, its corpus)")
+    e.add_argument("--demo", nargs="?", const="val", choices=["val", "test"],
+                   help="a demo split with its corpus: val (the default) or test (read once per committed model, "
+                   "recorded in evals/demo-ledger.jsonl)")
     where = e.add_mutually_exclusive_group()
     where.add_argument("--store", metavar="DIR", help="an existing embedded store instead of ingesting")
     where.add_argument("--url", help="an existing Qdrant server instead (API key from QDRANT_API_KEY)")

@@ -56,10 +56,14 @@ def _read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def held_out_examples(splits: Sequence[str] = ("test", "val")) -> list:
-    """The labelled held-out questions with their retrieved documents, as gate `Example`s, test first."""
+def held_out_examples(splits: Sequence[str] = ("val",)) -> list:
+    """Labelled questions with their retrieved documents, as gate `Example`s: inputs for engine checks and
+    benchmarks, which read no test split (a model is measured on test by `evaluate --split test`)."""
     from gatehead.gate.data import parse_example
 
+    if "test" in splits:
+        raise ValueError("held_out_examples gives no test split: measure on test with "
+                         "`python -m gatehead.demo.build evaluate --split test`")
     return [parse_example(row, f"{split}:{i}") for split in splits
             for i, row in enumerate(_read_jsonl(DATA_DIR / f"{split}.jsonl"), 1)]
 
@@ -246,13 +250,14 @@ def build_demo_model(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, smoke:
 
 def train_gate_and_report(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, smoke: bool = False,
                           config: TrainConfig | None = None, phrasings: bool = True, adapter_name: str = "adapter",
-                          read_test: bool = True, answers: bool = True, model_dir: Path | None = None) -> dict:
+                          read_test: bool = False, answers: bool = True, model_dir: Path | None = None) -> dict:
     """The gate adapter on the model in `out_dir/model` (or `model_dir`), calibrated on val; held-out figures
     on test.
 
     The adapter goes to `out_dir/<adapter_name>` and the report to `out_dir/report.json` (for another
-    name, `report-<adapter_name>.json`). `read_test=False` leaves the test split unread, for candidates
-    chosen between on validation. `answers=False` measures the gate alone (no replies generated).
+    name, `report-<adapter_name>.json`). `read_test` also measures it on the test split (through
+    `evals.sealed.unseal`, once the adapter exists); by default the test split stays unread.
+    `answers=False` measures the gate alone (no replies generated).
 
     `config` defaults to the committed gate's (`demo_recipe()`). With `phrasings` (the committed gate's
     training; off, the templated splits alone, as before stop 31) the gate also trains on the phrased
@@ -273,7 +278,6 @@ def train_gate_and_report(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, s
     window = ModelSpec().max_position
     records = {split: training_records(data_dir, phrasings, split)[:40 if smoke else None]
                for split in ("train", "val")}
-    records["test"] = _read_jsonl(data_dir / "test.jsonl")[:40 if smoke else None]
     model_dir, adapter_dir = model_dir or _demo_model(), out_dir / adapter_name
 
     def gate_examples(rows: list[dict], name: str):
@@ -289,8 +293,12 @@ def train_gate_and_report(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, s
     calibration = calibrate(model_dir, adapter_dir, [parse_example(r, f"val:{i}") for i, r in
                                                      enumerate(records["val"], 1)], answer_precision=0.95,
                             max_context=window)
-    figures = (evaluate(model_dir, adapter_dir, records["test"], device=device, max_context=window, answers=answers)
-               if read_test else None)
+    figures = None
+    if read_test:
+        from gatehead.evals.sealed import unseal
+
+        test = _read_jsonl(unseal(data_dir / "test.jsonl", model_dir, adapter_dir))[:40 if smoke else None]
+        figures = evaluate(model_dir, adapter_dir, test, device=device, max_context=window, answers=answers)
     # The evaluation sets of val, to choose by; test's are read once, by the evaluate stage.
     val_sets = {} if smoke or not phrasings else evaluate_sets(model_dir, adapter_dir, data_dir, "val", device, window,
                                                                answers=answers)
@@ -333,8 +341,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--suffix-length", type=int, default=1, help="train-gate, suffix mode: invocation tokens")
     parser.add_argument("--gate-only", action="store_true",
                         help="train-gate, evaluate: the gate's figures alone (no replies generated)")
-    parser.add_argument("--val-only", action="store_true",
-                        help="train-gate: leave the test split unread (a candidate chosen on validation)")
+    parser.add_argument("--test", action="store_true",
+                        help="train-gate: also measure the gate on the test split (read once per committed model; "
+                        "by default only validation is read)")
     parser.add_argument("--device", default=None, help="evaluate: cuda or cpu (default: cuda if present)")
     args = parser.parse_args(argv)
     if args.stage == "generate":
@@ -352,7 +361,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = replace(recipe, activation=args.activation, suffix_length=args.suffix_length,
                          k=args.k or recipe.k, rank=rank, alpha=recipe.alpha * rank / recipe.rank)  # the recipe's ratio
         report = train_gate_and_report(out_dir=args.out_dir, smoke=args.smoke, phrasings=not args.templates_only,
-                                       config=config, adapter_name=args.adapter, read_test=not args.val_only,
+                                       config=config, adapter_name=args.adapter, read_test=args.test,
                                        answers=not args.gate_only, model_dir=args.model)
         print(json.dumps(report.get("test") or report.get("val_sets"), indent=2, ensure_ascii=False))
     else:

@@ -112,19 +112,27 @@ def _by_document(answerable: Sequence[tuple[dict, object]], hits: Sequence[bool]
 SETS = ("template", "phrased", "out_of_scope", "handwritten")
 
 
-def evaluation_sets(data_dir: str | Path, split: str) -> dict[str, list[dict]]:
-    """The labelled rows of each evaluation set of `split` ("val" or "test"); "handwritten" is test only."""
+def evaluation_sets(data_dir: str | Path, split: str, measuring: tuple[Path, Path | None] | None = None
+                    ) -> dict[str, list[dict]]:
+    """The labelled rows of each evaluation set of `split` ("val" or "test"); "handwritten" is test only.
+    Test is read only to measure `measuring` (model, gate adapter), through `evals.sealed.unseal`."""
     if split not in ("val", "test"):
         raise ValueError(f"evaluation sets are held out: split must be 'val' or 'test', got {split!r}")
-    from gatehead.demo.build import _read_jsonl as _read
+    if split == "test" and measuring is None:
+        raise ValueError("the test split is read only to measure a model: pass the model and adapter measured")
+    from gatehead.demo.build import _read_jsonl
+    from gatehead.evals.sealed import unseal
+
+    def read(path: Path) -> list[dict]:
+        return _read_jsonl(unseal(path, *measuring) if split == "test" else path)
 
     data_dir = Path(data_dir)
-    phrased = _read(data_dir / f"phrased-{split}.jsonl")
-    sets = {"template": _read(data_dir / f"{split}.jsonl"),
+    phrased = read(data_dir / f"phrased-{split}.jsonl")
+    sets = {"template": read(data_dir / f"{split}.jsonl"),
             "phrased": [r for r in phrased if not r["family"].startswith("out-of-scope.")],
             "out_of_scope": [r for r in phrased if r["family"].startswith("out-of-scope.")]}
     if split == "test":
-        sets["handwritten"] = _read(data_dir / "handwritten-test.jsonl")
+        sets["handwritten"] = read(data_dir / "handwritten-test.jsonl")
     return sets
 
 
@@ -135,6 +143,6 @@ def evaluate_sets(model_dir: str | Path, adapter_dir: str | Path, data_dir: str 
     unknown = set(sets) - set(SETS)
     if unknown:
         raise ValueError(f"unknown evaluation sets {sorted(unknown)}; choose from {list(SETS)}")
-    rows = evaluation_sets(data_dir, split)
+    rows = evaluation_sets(data_dir, split, (Path(model_dir), Path(adapter_dir)))
     return {name: evaluate(model_dir, adapter_dir, rows[name], device=device, max_context=max_context,
                            answers=answers) for name in sets if name in rows}

@@ -226,13 +226,15 @@ def run_dataset(config, questions_path: Path, corpus: Path | None, out: Path, st
     from tqdm import tqdm
 
     from gatehead.agent import AgentConfig
+    from gatehead.evals.sealed import unseal
     from gatehead.retrieval.config import IngestConfig, StoreConfig
     from gatehead.retrieval.embedder import Embedder
     from gatehead.retrieval.ingest import ingest
     from gatehead.retrieval.store import Store
     from gatehead.runtime.engine import SharedEngine
 
-    questions = load_questions(questions_path)[:limit]
+    adapter = Path(config.adapter) if config.adapter else None
+    questions = load_questions(unseal(questions_path, Path(config.model), adapter))[:limit]
     needs_store = any(q.documents is None for q in questions)
     store = None
     if needs_store:

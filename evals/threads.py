@@ -101,11 +101,13 @@ def run_threads(config, out: Path, threads_path: Path | None = None, store_confi
     from gatehead.demo.index import open_demo_store
     from gatehead.demo.threads import THREADS, load_threads
     from gatehead.evals.run import Outcome, table
+    from gatehead.evals.sealed import unseal
     from gatehead.retrieval.embedder import Embedder
     from gatehead.retrieval.store import Store
     from gatehead.runtime.engine import SharedEngine
 
-    threads = load_threads(threads_path or THREADS)
+    adapter = Path(config.adapter) if config.adapter else None
+    threads = load_threads(unseal(threads_path or THREADS, Path(config.model), adapter))
     # The demo index, built afresh in the run's folder (an embedded store is one process's at a time).
     store = Store(store_config, Embedder()) if store_config is not None else open_demo_store(out / "store")
     engine = SharedEngine(config)

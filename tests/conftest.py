@@ -52,6 +52,8 @@ T = TypeVar("T")
 # compute on one thread, as that worker does. This process keeps its own count: torch is imported
 # (and reads OMP_NUM_THREADS) before the variable is set.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+# The suite reads no test split (`gatehead.evals.sealed`): this process and every one it starts.
+os.environ["GATEHEAD_SEALED"] = "closed"
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # `make test` runs the suite on two pytest-xdist workers (`-n 2`): an engine computes on one core, and a

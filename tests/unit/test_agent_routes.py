@@ -11,6 +11,7 @@ import asyncio
 import pytest
 
 from gatehead.agent import Agent, AgentConfig, Engine
+from gatehead.agent.nodes import POST_GATE_PRIORITY
 from gatehead.agent.prompts import CLARIFY, NOT_FOUND, REFUSAL
 from gatehead.agent.transcript import format_turn
 from gatehead.errors import InvalidInput
@@ -88,7 +89,7 @@ def test_a_follow_up_is_made_standalone_and_the_thread_remembers(engine) -> None
 def test_the_turns_answer_budget_and_errors(engine) -> None:
     e = engine("answer")
     ask(Agent(e, Store(), AgentConfig(max_answer_tokens=40)), "How long?", max_answer_tokens=7)
-    assert e.calls[-1] == ("stream", {"max_tokens": 7, "cache_salt": None})
+    assert e.calls[-1] == ("stream", {"max_tokens": 7, "cache_salt": None, "priority": POST_GATE_PRIORITY})
     with pytest.raises(InvalidInput, match="the question is empty"):
         ask(Agent(engine(), Store()), "  ")
     with pytest.raises(InvalidInput, match="max_answer_tokens must be >= 1"):

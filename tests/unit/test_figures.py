@@ -92,6 +92,23 @@ def test_sealed_data_is_read_once_per_model(root: Path, tmp_path: Path) -> None:
     assert run_item(sealed, out, root)["reread"] is False
 
 
+def test_a_reading_the_ledger_records_counts_as_the_first(root: Path, tmp_path: Path) -> None:
+    """Any command that measured these weights on the test split (`evals.sealed.unseal`) made it read."""
+    from gatehead.evals.run import append_to_ledger
+
+    out, sealed = tmp_path / "figs", item(sealed=True)
+    other = {"kind": "sealed-read", "file": "demo/data/test.jsonl", "fingerprints": {"model": "sha-of-another"}}
+    ours = {"model": fingerprint(root / "m")}
+    append_to_ledger(root / figures.LEDGER, other)
+    append_to_ledger(root / figures.LEDGER, {**other, "kind": "verdict", "fingerprints": ours})
+    assert not sealed_read(sealed, out, root)  # another model's reading, or no reading at all
+    append_to_ledger(root / figures.LEDGER, {**other, "fingerprints": ours})
+    assert sealed_read(sealed, out, root)
+    with pytest.raises(RuntimeError, match="sealed held-out data"):
+        run_item(sealed, out, root)
+    assert run_item(sealed, out, root, reread=True)["reread"] is True  # a development figure
+
+
 def test_stdout_and_folder_results(root: Path, tmp_path: Path) -> None:
     printed = item("print('{\"x\": 1}')", argv=("{python}", "-c", "print('{\"x\": 1}')"), results="stdout")
     assert run_item(printed, tmp_path / "figs", root)["results"] == {"x": 1}

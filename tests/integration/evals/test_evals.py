@@ -231,12 +231,12 @@ def test_eval_dataset_runs_the_agent_resumes_and_reads_squad(tiny: TinyModel, tm
     assert all(json.loads(r)["sources"] for r in records)  # retrieved from the ingested corpus
 
 
-def test_eval_dataset_on_the_demo_test_split(tmp_path: Path) -> None:
+def test_eval_dataset_on_the_demo_validation_split(tmp_path: Path) -> None:
     out, ledger = tmp_path / "demo", tmp_path / "ledger.jsonl"
     result = run("dataset", "--demo", "--gate-only", "--limit", "24", "--max-model-len", "2048", "--block-size", "32",
                  "--out", str(out), "--ledger", str(ledger), cwd=tmp_path)
     report = check_outputs(result, out, ledger, "dataset", ["reliability.png", "risk_coverage.png"])
-    assert report["decided"] == 24 and report["accuracy"] >= 0.75  # the demo gate: 98.2% on the full split
+    assert report["decided"] == 24 and report["accuracy"] >= 0.75  # the demo gate on validation
     assert report["injection_flip_rate"] == max(report["injection_flip_rates"].values())
 
 
