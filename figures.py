@@ -109,10 +109,10 @@ ITEMS: tuple[Item, ...] = (
     Item("eval-kv", "KV capacity, stock vs shared, and the plugin's memory", 2, _eval("kv", *PROMPT_GATE), "dir", DEMO,
          ok_codes=(0, 1)),
     Item("eval-dataset-val", "the agent over the demo's validation split", 20,
-         _eval("dataset", "--questions", "demo/data/val.jsonl", "--corpus", "demo/corpus"), "dir", DEMO_DEFAULT,
+         _eval("dataset", "--demo", "val"), "dir", DEMO_DEFAULT,
          ok_codes=(0, 1)),
     Item("eval-dataset-test", "the agent over the demo's held-out test split: read once per committed model", 20,
-         _eval("dataset", "--demo"), "dir", DEMO_DEFAULT, ok_codes=(0, 1), sealed=True),
+         _eval("dataset", "--demo", "test"), "dir", DEMO_DEFAULT, ok_codes=(0, 1), sealed=True),
     Item("eval-threads-test", "the agent over the hand-written threads (test products): read once per committed model",
          8, _eval("threads"), "dir", DEMO_DEFAULT, ok_codes=(0, 1), sealed=True),
     Item("demo-val", "the demo kit's figures on its validation split (model and calibration chosen on it), default "
