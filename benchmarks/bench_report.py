@@ -9,15 +9,20 @@ from typing import Any
 
 SETUP_NAMES = {"a_prompt": "(a) shared, prompt-mode gate", "a_suffix": "(a') shared, suffix-mode gate",
                "a_overlap": "(a'-overlap) (a'), answer beside the gate",
+               "a_suffix_prio": "(a'-prio) (a'), vLLM's priority scheduler: the answer before new turns",
+               "a_overlap_prio": "(a'-overlap-prio) (a'-overlap), vLLM's priority scheduler",
                "b_split": "(b) stock + dedicated gate, cores split",
                "b_shared": "(b) stock + dedicated gate, cores shared",
                "b_two_engines": "(b) stock + dedicated gate", "c_ungated": "(c) plugin loaded, no gate",
                "c0_stock": "(c0) stock vLLM, no gate", "d_judge": "(d) prompted judge"}
-SHORT_NAMES = {"a_prompt": "(a)", "a_suffix": "(a')", "a_overlap": "(a'-overlap)", "b_split": "(b) split",
+SHORT_NAMES = {"a_prompt": "(a)", "a_suffix": "(a')", "a_overlap": "(a'-overlap)", "a_suffix_prio": "(a'-prio)",
+               "a_overlap_prio": "(a'-overlap-prio)", "b_split": "(b) split",
                "b_shared": "(b) shared", "b_two_engines": "(b)", "c_ungated": "(c)", "c0_stock": "(c0)",
                "d_judge": "(d)"}
 WORKLOADS = ("single", "multi", "refuse", "prefix", "memory")
-GATED = ("a_prompt", "a_suffix", "a_overlap")
+GATED = ("a_prompt", "a_suffix", "a_overlap", "a_suffix_prio", "a_overlap_prio")
+# Run only when asked for (`--setups`): the post-gate work first, where vLLM schedules by priority.
+PRIORITY = ("a_suffix_prio", "a_overlap_prio")
 # (b)'s bindings; "b_two_engines" is (b) in files from before both bindings ran (one binding, in the config).
 TWO_ENGINES = ("b_split", "b_shared", "b_two_engines")
 

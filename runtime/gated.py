@@ -30,9 +30,10 @@ from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
 
 from gatehead.gate.adapter import load_gate_adapter
 from gatehead.gate.policy import LABELS
-from gatehead.runtime import paged_kv
+from gatehead.runtime import checks
 from gatehead.runtime.branch import GateBranch, Prefix, Workspace
 from gatehead.runtime.tap import tap_norm
+from gatehead.runtime.wiring import Wiring
 
 
 @dataclass(frozen=True)
@@ -160,10 +161,12 @@ class GateState(nn.Module):
 
     def __init__(self, model: nn.Module, vllm_config) -> None:
         super().__init__()
-        _refuse_unsupported(vllm_config)
+        checks.unsupported_config(vllm_config)
         model_config = vllm_config.model_config
+        wiring = Wiring.of(model_config.hf_config)
         hf = model_config.hf_config
-        adapter = load_gate_adapter(hf.gatehead_adapter, model_config.model, check_tokens=False)
+        # Checked against the base by the engine that wired it: read here, not checked again.
+        adapter = load_gate_adapter(wiring.adapter, model_config.model, check_tokens=False)
         layers = model.model.layers
         dtype = model_config.dtype
         max_rows = vllm_config.scheduler_config.max_num_batched_tokens
@@ -171,18 +174,17 @@ class GateState(nn.Module):
         # context: the buffer lands where the model does.
         self.register_buffer("tap_buffer", torch.zeros(2, max_rows, hf.hidden_size, dtype=dtype), persistent=False)
         device = self.tap_buffer.device
-        self.register_buffer("action_ids", torch.tensor(hf.gatehead_action_ids, dtype=torch.long, device=device),
+        self.register_buffer("action_ids", torch.tensor(wiring.action_ids, dtype=torch.long, device=device),
                              persistent=False)
         self.head_order = [adapter.spec.labels.index(label) for label in LABELS]  # head row per canonical label
-        branch_mode = getattr(hf, "gatehead_branch", True)  # True, False or "suffix-only" (a negative control)
+        branch_mode = wiring.branch  # True, False or "suffix-only" (a negative control)
         self.suffix_mode = adapter.suffix_mode
         if self.suffix_mode:
-            _check_kv_readable(vllm_config, layers[adapter.branch_layer])
+            checks.kv_readable_config(vllm_config, layers[adapter.branch_layer])
         elif branch_mode == "suffix-only":
             raise ValueError("the 'suffix-only' branch is a negative control of suffix-mode gates; this adapter is "
                              "prompt-mode")
-        suffix_ids = tuple(hf.gatehead_suffix_ids)
-        max_gate_tokens = int(hf.gatehead_max_gate_tokens)
+        suffix_ids, max_gate_tokens = wiring.suffix_ids, wiring.max_gate_tokens
         step_tokens = vllm_config.scheduler_config.max_num_batched_tokens
         # A branch pass takes as many gate requests as fit one maximal gate request or one engine step.
         self.max_query = len(suffix_ids) if self.suffix_mode else max_gate_tokens
@@ -190,7 +192,7 @@ class GateState(nn.Module):
         self.branch = GateBranch(list(layers[adapter.branch_layer:]), model.model.norm, adapter, device, workspace,
                                  attention_fp32=_attention_in_fp32(vllm_config, layers[adapter.branch_layer]),
                                  prefix_keys=branch_mode != "suffix-only")
-        tap = getattr(hf, "gatehead_tap", "copy")
+        tap = wiring.tap
         if tap != "off":  # "off" and branch=False: the stability check's diagnostic modes
             tap_norm(layers[adapter.branch_layer].input_layernorm, self.tap_buffer, perturbed=tap == "perturbed")
         # No tap, no rows: the branch would read a buffer nothing wrote, so it is off too (gate requests fail).
@@ -263,38 +265,6 @@ def _attention_in_fp32(vllm_config, layer: nn.Module) -> bool:
     cache = vllm_config.cache_config
     isa = _get_attn_isa(vllm_config.model_config.dtype, cache.block_size, layer.self_attn.head_dim, cache.cache_dtype)
     return isa in ("vec", "vec16")
-
-
-def _check_kv_readable(vllm_config, layer: nn.Module) -> None:
-    """Suffix mode reads the base K/V from vLLM's paged cache: refuse, at start and with the fix, any
-    configuration whose cache the branch cannot read (`gatehead.runtime.paged_kv`)."""
-    fix = "serve a prompt-mode gate adapter here instead"
-    model_config, cache = vllm_config.model_config, vllm_config.cache_config
-    if model_config.get_sliding_window() is not None:
-        raise ValueError(f"suffix-mode gates attend to every prefix position, and this model has sliding-window "
-                         f"attention layers: {fix}")
-    kinds = set(getattr(model_config.hf_config, "layer_types", None) or ["full_attention"])
-    if kinds != {"full_attention"}:
-        raise ValueError(f"suffix-mode gates read full-attention KV caches only, and this model has {sorted(kinds)} "
-                         f"layers: {fix}")
-    attn = layer.self_attn
-    isa = paged_kv.readable_layout(model_config.dtype, cache.cache_dtype, cache.block_size, attn.head_dim)
-    paged_kv.self_test(isa, model_config.dtype, attn.num_kv_heads, cache.block_size, attn.head_dim)
-
-
-def _refuse_unsupported(vllm_config) -> None:
-    """Configurations the branch does not handle yet: refuse them with the fix, never run them wrong."""
-    parallel = vllm_config.parallel_config
-    problems = {
-        "pipeline parallelism": parallel.pipeline_parallel_size > 1,
-        "speculative decoding": vllm_config.speculative_config is not None,
-        "micro-batching (dual batch overlap)": parallel.use_ubatching,
-        "vLLM's V2 model runner (set VLLM_USE_V2_MODEL_RUNNER=0)": getattr(vllm_config, "use_v2_model_runner", False),
-    }
-    refused = [name for name, present in problems.items() if present]
-    if refused:
-        raise ValueError(f"gatehead's shared engine does not support {', '.join(refused)} yet; "
-                         f"start the engine without it")
 
 
 class GateMixin:

@@ -95,8 +95,13 @@ def test_the_bench_runs_each_setup_on_its_layout_of_engines_in_order(tiny) -> No
                          cores="0-1", setups=tuple(SETUPS))
     found = [(layout.name, layout.keys) for layout in layouts(config, tiny.adapter, tiny.model_dir)]
     assert found == [("shared_prompt", ("c_ungated",)), ("shared_suffix", ("a_suffix", "a_overlap")),
-                     ("stock", ("c0_stock", "d_judge")), ("two_engines", ("b_split",)), ("two_engines", ("b_shared",)),
-                     ("shared_prompt", ("a_prompt",))]
+                     ("stock", ("c0_stock", "d_judge")),
+                     ("shared_suffix_priority", ("a_suffix_prio", "a_overlap_prio")),
+                     ("two_engines", ("b_split",)), ("two_engines", ("b_shared",)), ("shared_prompt", ("a_prompt",))]
+    # The priority-scheduler setups run on an engine of their own, scheduling by priority; the rest first come.
+    policies = {x.name: x.policy for x in layouts(config, tiny.adapter, tiny.model_dir) if hasattr(x, "policy")}
+    assert policies == {"shared_prompt": "fcfs", "shared_suffix": "fcfs", "stock": "fcfs",
+                        "shared_suffix_priority": "priority"}
     two = [layout for layout in layouts(config, tiny.adapter, tiny.model_dir) if layout.name == "two_engines"]
     assert [(t.gen_cores, t.gate_cores) for t in two] == [([0], [1]), ([0, 1], [0, 1])]
     # Memory alone still starts the prompt-mode shared engine and the stock one; one binding alone, one (b).
@@ -111,6 +116,7 @@ def test_the_bench_runs_each_setup_on_its_layout_of_engines_in_order(tiny) -> No
 def test_the_default_setups_are_those_the_adapters_and_bindings_allow() -> None:
     from gatehead.benchmarks.side_by_side import SETUPS, default_setups
 
-    assert default_setups(Path("suffix"), ("split", "shared")) == tuple(SETUPS)
+    prio = ("a_suffix_prio", "a_overlap_prio")  # only when asked for
+    assert default_setups(Path("suffix"), ("split", "shared")) == tuple(s for s in SETUPS if s not in prio)
     assert default_setups(None, ("shared",)) == tuple(s for s in SETUPS if s not in ("a_suffix", "a_overlap",
-                                                                                    "b_split"))
+                                                                                    "b_split", *prio))
