@@ -218,7 +218,8 @@ def threads_table(figures: dict) -> str:
     den = denominator(setups)
     if den is None:
         return ""
-    threaded = [s for s in ("a_overlap", "a_suffix", "a_prompt", *TWO_ENGINES, "c_ungated")
+    threaded = [s for s in ("a_overlap", "a_suffix", "a_overlap_prio", "a_suffix_prio", "a_prompt", *TWO_ENGINES,
+                            "c_ungated")
                 if f"multi_turn_e2e_p50_{s}_over_{den[1]}" in r]
     if not threaded:
         return ""
@@ -249,10 +250,11 @@ def readme_tables(figures: dict) -> str:
               "the run-by-run ratios:")
     levels = sorted({int(k.removeprefix("single_c")) for s in setups.values() for k in s if k.startswith("single_")})
     two = [b for b in TWO_ENGINES if b in setups]
-    if "c0_stock" in setups:
-        header += (" (b) is taken at its better binding at each concurrency (" + " or ".join(
-            SETUP_NAMES[b].rsplit(", ", 1)[-1] for b in two) + "); end-to-end ratios are over (c0), stock vLLM "
-            "with gatehead's plugin left out.")
+    if "c0_stock" in setups:  # files from before (c0) ran name no binding
+        if two:
+            header += (" (b) is taken at its better binding at each concurrency (" + " or ".join(
+                SETUP_NAMES[b].rsplit(", ", 1)[-1] for b in two) + ");")
+        header += " end-to-end ratios are over (c0), stock vLLM with gatehead's plugin left out."
     parts = [header]
     rows = []
     for label, key in (("turns/s (a'-overlap) / (b)", "throughput_a_overlap_over_b"),
@@ -260,6 +262,8 @@ def readme_tables(figures: dict) -> str:
                        ("turns/s (a) / (b)", "throughput_a_prompt_over_b"),
                        ("e2e p50 (a'-overlap) / (c0)", "e2e_p50_a_overlap_over_c0"),
                        ("e2e p50 (a') / (c0)", "e2e_p50_a_suffix_over_c0"),
+                       ("e2e p50 (a'-overlap-prio) / (c0)", "e2e_p50_a_overlap_prio_over_c0"),
+                       ("e2e p50 (a'-prio) / (c0)", "e2e_p50_a_suffix_prio_over_c0"),
                        ("e2e p50 (a) / (c0)", "e2e_p50_a_prompt_over_c0"),
                        ("e2e p50 (c) / (c0): the plugin", "e2e_p50_c_ungated_over_c0"),
                        ("turns/s (c) / (c0): the plugin", "throughput_c_ungated_over_c0"),
@@ -275,7 +279,8 @@ def readme_tables(figures: dict) -> str:
                                               ("e2e_p50_ms", 0))] for s in present]
     parts.append(markdown_table([f"setup, concurrency {slash}", "turns/s", "gate ms", "answer TTFT ms",
                                  "e2e p50 ms"], rows))
-    refused = [s for s in ("a_suffix", "a_overlap") if all(f"refuse_c{c}" in setups.get(s, {}) for c in levels)]
+    refused = [s for s in ("a_suffix", "a_overlap", *PRIORITY) if all(f"refuse_c{c}" in setups.get(s, {})
+                                                                      for c in levels)]
     if refused:
         rows = [[SETUP_NAMES[s]] + [" / ".join(_n(setups[s][f"refuse_c{c}"][m]["median"], d) for c in levels)
                                      for m, d in (("e2e_p50_ms", 0), ("wasted_tokens_mean", 1))] for s in refused]
