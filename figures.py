@@ -31,8 +31,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gatehead.evals import provenance
-from gatehead.evals.provenance import RUN_OUTPUTS, fingerprint
+from gatehead import provenance
+from gatehead.provenance import RUN_OUTPUTS, fingerprint
 
 ROOT = Path(__file__).resolve().parent
 FIGURES_DIR = ROOT / "docs" / "figures"
@@ -229,8 +229,8 @@ def _results(item: Item, out: Path, folder: Path, stdout: str) -> dict:
 
 def sealed_read(item: Item, figures_dir: Path, root: Path = ROOT) -> bool:
     """Whether the model and adapter committed now were already measured on a sealed item's test split:
-    its file holds such a reading, or the ledger records one (`evals.sealed`, any command that read it)."""
-    from gatehead.evals.sealed import readings
+    its file holds such a reading, or the ledger records one (`demo.sealed`, any command that read it)."""
+    from gatehead.demo.sealed import readings
 
     if not item.sealed:
         return False

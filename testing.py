@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gatehead.gate.adapter import (
-    DEFAULT_ACTION_TOKENS,
     DEFAULT_SUFFIX,
     BaseIdentity,
     GateAdapter,
@@ -36,14 +35,9 @@ from gatehead.gate.adapter import (
 )
 from gatehead.gate.policy import Thresholds, gate_result
 from gatehead.gate.prompt import PromptBuilder, PromptConfig
+from gatehead.gate.tokenizer import RESERVED_TOKENS, build_tokenizer  # noqa: F401 - RESERVED_TOKENS for tests
 
 ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}
-RESERVED_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", DEFAULT_SUFFIX, *DEFAULT_ACTION_TOKENS)
-CHATML_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
 # The tokenizer's training text: deterministic, and close enough to RAG prompts that they tokenize compactly.
 _CORPUS = """\
 The warranty covers defects in materials and workmanship for two years from the date of purchase.
@@ -98,33 +92,6 @@ class TinyModel:
     adapter: GateAdapter
 
 
-def build_tokenizer(out_dir: Path, vocab_size: int, texts: Iterable[str] | None = None,
-                    split_digits: bool = False):
-    """Train and save a byte-level BPE tokenizer with gatehead's reserved tokens and a ChatML template.
-
-    `texts` is the training text (default: a few lines like RAG prompts, enough for tiny models);
-    `split_digits` makes every digit its own token, so numbers are spelled from ten common tokens.
-    """
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    bpe = Tokenizer(models.BPE())
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level]) \
-        if split_digits else byte_level
-    bpe.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(RESERVED_TOKENS),
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    bpe.train_from_iterator(_CORPUS.splitlines() if texts is None else texts, trainer)
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=bpe, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-        additional_special_tokens=list(RESERVED_TOKENS[1:]),
-    )
-    tokenizer.chat_template = CHATML_TEMPLATE
-    tokenizer.save_pretrained(out_dir)
-    return tokenizer
-
-
 def _config(spec: TinySpec, vocab_size: int, tokenizer):
     from transformers import LlamaConfig, Qwen2Config, Qwen3Config
 
@@ -176,7 +143,7 @@ def build_tiny(out_dir: str | Path, spec: TinySpec = TinySpec()) -> TinyModel:
     out_dir = Path(out_dir)
     model_dir, adapter_dir = out_dir / "model", out_dir / "adapter"
     model_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer = build_tokenizer(model_dir, spec.tokenizer_vocab)
+    tokenizer = build_tokenizer(model_dir, spec.tokenizer_vocab, _CORPUS.splitlines())
     vocab_size = -(-len(tokenizer) // 64) * 64  # padded like real checkpoints: rows past the tokenizer exist
 
     torch.manual_seed(spec.seed)
@@ -202,7 +169,7 @@ def build_tiny(out_dir: str | Path, spec: TinySpec = TinySpec()) -> TinyModel:
 def demo_kit() -> tuple[Path, Path, Path]:
     """(model, prompt-mode gate, suffix-mode gate) of the demo, the model built on first use."""
     from gatehead import demo
-    from gatehead.demo.finetune import ensure_demo_model
+    from gatehead.demo.base import ensure_demo_model
 
     return ensure_demo_model(), demo.ADAPTER_DIR, demo.SUFFIX_ADAPTER_DIR
 

@@ -20,10 +20,10 @@ import statistics
 import time
 
 from gatehead.demo import ADAPTER_DIR
-from gatehead.demo.build import held_out_examples
-from gatehead.demo.finetune import ensure_demo_model
-from gatehead.evals.provenance import machine
+from gatehead.demo.base import ensure_demo_model
+from gatehead.demo.splits import held_out_examples
 from gatehead.gate.prompt import Turn
+from gatehead.provenance import machine
 from gatehead.runtime.engine import EngineConfig, SharedEngine
 
 

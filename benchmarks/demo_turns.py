@@ -69,9 +69,9 @@ async def _session(engine, store, warm_up: bool, started: float) -> dict:
 
 
 def one_run(dtype: str, warm_up: bool, setup: str = "suffix") -> dict:
-    from gatehead.demo.finetune import ensure_demo_model
+    from gatehead.demo.base import ensure_demo_model
     from gatehead.demo.index import CORPUS, demo_store_config
-    from gatehead.retrieval.store import open_store
+    from gatehead.retrieval.ingest import open_store
     from gatehead.runtime.engine import EngineConfig, SharedEngine
 
     model, adapter = SETUPS[setup]
@@ -109,8 +109,11 @@ def main(argv: list[str] | None = None) -> int:
     keys = [k for k, v in runs[setups[0]][0].items() if isinstance(v, float)]
     from datetime import datetime, timezone
 
-    from gatehead.evals.provenance import described_commit, machine
-    from gatehead.figures import fingerprint  # sha256 of the folders, as figures' envelopes record them
+    from gatehead.provenance import (
+        described_commit,
+        fingerprint,  # sha256 of the folders, as figures' envelopes record them
+        machine,
+    )
     from gatehead.runtime import cpu_setup
 
     result = {"command": " ".join(["python -m gatehead.benchmarks.demo_turns", *(argv or sys.argv[1:])]),

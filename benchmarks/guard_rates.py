@@ -91,8 +91,8 @@ async def engine_faults(engine, prompts, config: GuardConfig) -> dict:
 
 async def run(limit: int | None, config: GuardConfig, engine_fault_count: int = 0) -> dict:
     from gatehead.demo import ADAPTER_DIR
-    from gatehead.demo.build import held_out_examples
-    from gatehead.demo.finetune import ensure_demo_model
+    from gatehead.demo.base import ensure_demo_model
+    from gatehead.demo.splits import held_out_examples
     from gatehead.runtime.engine import EngineConfig, SharedEngine
 
     r = random.Random(0)

@@ -62,9 +62,9 @@ from gatehead.benchmarks.peers import (
     SharedGate,
     Ungated,
 )
-from gatehead.evals.provenance import machine
 from gatehead.gate.policy import LABELS
 from gatehead.gate.prompt import Passage
+from gatehead.provenance import machine
 from gatehead.runtime.engine import SharedEngine
 
 PREFIX_LENGTHS = (256, 512, 1024, 2048, 4096, 8192)
@@ -256,7 +256,7 @@ async def prefix_reuse(setup, engine: SharedEngine, prompts, repeats: int) -> li
 
 
 def _questions(n: int, offset: int = 0) -> list[str]:
-    from gatehead.demo.build import held_out_examples
+    from gatehead.demo.splits import held_out_examples
 
     # The validation split's: the test split is read once per model, for its figures, not as load.
     answerable = [e.question for e in held_out_examples(("val",)) if e.label == "answer"]
@@ -427,7 +427,7 @@ def bench_models(model: str, random_dir: Path, adapter: Path | None = None, suff
     """(model, prompt-mode adapter, suffix-mode adapter or None, window) of `gatehead bench --model`: "demo"
     (built on first use), "random" (built on first use under `random_dir`) or a model folder with its adapters."""
     from gatehead.demo import ADAPTER_DIR, SUFFIX_ADAPTER_DIR
-    from gatehead.demo.finetune import ensure_demo_model
+    from gatehead.demo.base import ensure_demo_model
 
     if model == "demo":
         return ensure_demo_model(), ADAPTER_DIR, SUFFIX_ADAPTER_DIR, max_model_len or 2048

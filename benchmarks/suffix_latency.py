@@ -25,7 +25,7 @@ from pathlib import Path
 
 def long_gate_prompt(engine, tokens: int) -> list[int]:
     """A demo question over distinct retrieved demo passages, added while the gate prompt stays within `tokens`."""
-    from gatehead.demo.build import held_out_examples
+    from gatehead.demo.splits import held_out_examples
 
     examples = held_out_examples()
     question, passages = examples[0].question, []
@@ -40,7 +40,7 @@ def long_gate_prompt(engine, tokens: int) -> list[int]:
 
 
 def measure(adapter: Path, tokens: int, runs: int) -> dict:
-    from gatehead.demo.finetune import ensure_demo_model
+    from gatehead.demo.base import ensure_demo_model
     from gatehead.runtime.engine import EngineConfig, SharedEngine
 
     engine = SharedEngine(EngineConfig(model=ensure_demo_model(), adapter=adapter, enforce_eager=True,
@@ -68,8 +68,8 @@ def measure(adapter: Path, tokens: int, runs: int) -> dict:
 
 def main() -> None:
     from gatehead.demo import ADAPTER_DIR, SUFFIX_ADAPTER_DIR, kit_name
-    from gatehead.demo.finetune import ensure_demo_model
-    from gatehead.evals.provenance import described_commit, machine, versions
+    from gatehead.demo.base import ensure_demo_model
+    from gatehead.provenance import described_commit, machine, versions
     from gatehead.runtime.dtype import cpu_bf16_path
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

@@ -16,7 +16,7 @@ def _run_agent(args: argparse.Namespace, body) -> int:
 
     from gatehead.agent import Agent, AgentConfig
     from gatehead.agent.checkpoint import default_checkpoint_path, open_checkpointer
-    from gatehead.retrieval.store import open_store
+    from gatehead.retrieval.ingest import open_store
 
     config = AgentConfig(top_k=args.top_k, max_searches=args.max_searches, max_answer_tokens=args.max_tokens,
                          answer_beside_gate=args.answer_beside_gate)

@@ -33,7 +33,7 @@ def chosen_model(given: str | Path | None) -> str:
     reused after)."""
     model = str(given or os.environ.get("GATEHEAD_MODEL") or demo.MODEL_DIR)
     if Path(model).resolve() == demo.MODEL_DIR.resolve() and not (demo.MODEL_DIR / "config.json").exists():
-        from gatehead.demo.finetune import ensure_demo_model
+        from gatehead.demo.base import ensure_demo_model
 
         ensure_demo_model()
     return model

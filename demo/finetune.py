@@ -1,12 +1,12 @@
-"""The demo's generator: a LoRA fine-tune of the pretrained base on `gatehead.demo.tasks`, and its exact merge.
+"""The demo's generator: a LoRA fine-tune of the pretrained base on `gatehead.demo.tasks`, and its validation.
 
 `finetune` trains a LoRA on every linear layer of the base (SmolLM2-135M-Instruct, `gatehead.demo.base`)
 on the demo's tasks: a short answer with its `[n]` citation, the refusal sentence, the standalone
 rewrite of a search question or a follow-up. Loss is on the reply alone (the base already reads).
 Prompts are laid out by `gatehead.gate.prompt`, exactly as the engine and the agent lay them out.
-`merge` folds the LoRA into the base once, at setup, in float64 with one rounding to fp32 and no
-reduction whose order a CPU could change, so every machine writes the same bytes (`MERGED_SHA256`
-pins them). `validate` measures the generator alone on validation rows (batched greedy decoding).
+The committed LoRA is folded into the base at setup by `gatehead.demo.base.merge` (the `merge` stage here
+runs it), the same bytes on every machine (`MERGED_SHA256`). `validate` measures the generator alone on
+validation rows (batched greedy decoding).
 Training needs PyTorch and PEFT only (CUDA if present); nothing here starts vLLM.
 """
 
@@ -17,19 +17,13 @@ import hashlib
 import json
 import math
 import random
-import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from gatehead.demo import DEMO_DIR
+from gatehead.demo.base import GENERATOR_DIR
 from gatehead.gate.adapter import DEFAULT_TARGET_MODULES
-
-GENERATOR_DIR = DEMO_DIR / "generator"  # the committed LoRA
-LORA_WEIGHTS = "adapter_model.safetensors"
-# The committed LoRA merged into the recorded base (`gatehead.demo.base.WEIGHTS_SHA256`): the same bytes everywhere.
-MERGED_SHA256 = "23d0eeabb3e831fa75d6cb097497e71034bb255eaffdee1470cb65cd2513afd8"
 
 
 @dataclass(frozen=True)
@@ -75,8 +69,9 @@ def _train_view(kb):
 
 def examples(config: FinetuneConfig, data_dir: Path, smoke: bool = False) -> list:
     """Every training example: labelled rows, synthetic knowledge bases and follow-up conversations."""
-    from gatehead.demo.build import SEED, handwritten_texts, training_records
+    from gatehead.demo import SEED
     from gatehead.demo.kb import build_kb, invented_stems
+    from gatehead.demo.splits import handwritten_texts, training_records
     from gatehead.demo.tasks import conversation_examples, training_examples
 
     records = training_records(data_dir, phrasings=True)[:40 if smoke else None]
@@ -102,7 +97,7 @@ def finetune(base_dir: Path, out_dir: Path, config: FinetuneConfig, data_dir: Pa
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from gatehead.demo.build import DATA_DIR
+    from gatehead.demo.splits import DATA_DIR
     from gatehead.demo.train import encode
 
     started = time.time()
@@ -199,81 +194,6 @@ def _reply_loss(model, rows: Sequence[tuple[list[int], int]], pad: int, device: 
     return losses[wanted].mean()
 
 
-def _lora_pairs(lora_dir: Path) -> tuple[dict[str, tuple], float]:
-    """{base weight name: (A [r, in], B [out, r])} of a PEFT LoRA, and its scale alpha / r."""
-    from safetensors.torch import load_file
-
-    settings = json.loads((lora_dir / "adapter_config.json").read_text())
-    tensors = load_file(str(lora_dir / LORA_WEIGHTS))
-    pairs: dict[str, tuple] = {}
-    for name, a in tensors.items():
-        if ".lora_A." not in name:
-            continue
-        target = name.replace("base_model.model.", "", 1).replace(".lora_A.weight", ".weight")
-        pairs[target] = (a, tensors[name.replace(".lora_A.", ".lora_B.")])
-    if len(pairs) * 2 != len(tensors):
-        raise ValueError(f"{lora_dir} holds tensors other than LoRA A/B pairs: it is not a plain LoRA")
-    return pairs, settings["lora_alpha"] / settings["r"]
-
-
-def merge(base_dir: Path, lora_dir: Path, out_dir: Path) -> str:
-    """`base + scale * B @ A` per adapted weight, written as a HF directory; returns the weights' sha256.
-
-    B @ A is summed rank by rank as outer products in float64, each an elementwise product and an
-    elementwise sum: no matrix multiply, whose blocking (and so rounding) differs between CPUs. Then
-    one rounding to fp32. The same bytes on every machine."""
-    import torch
-    from safetensors.torch import load_file, save_file
-
-    from gatehead.demo.base import WEIGHTS, sha256_file
-
-    weights = load_file(str(base_dir / WEIGHTS))
-    pairs, scale = _lora_pairs(lora_dir)
-    missing = set(pairs) - set(weights)
-    if missing:
-        raise ValueError(f"the LoRA adapts weights the base does not have: {sorted(missing)[:3]}")
-    for name, (a, b) in pairs.items():
-        a64, b64 = a.to(torch.float64), b.to(torch.float64)
-        delta = torch.zeros(b.shape[0], a.shape[1], dtype=torch.float64)
-        for i in range(a.shape[0]):
-            delta = delta + b64[:, i:i + 1] * a64[i:i + 1, :]
-        weights[name] = (weights[name].to(torch.float64) + delta * scale).to(torch.float32).contiguous()
-    staging = out_dir.with_name(out_dir.name + ".partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    save_file(weights, str(staging / WEIGHTS), metadata={"format": "pt"})
-    for path in base_dir.iterdir():
-        if path.name not in (WEIGHTS, "provenance.json") and path.is_file():
-            shutil.copy(path, staging / path.name)
-    if (lora_dir / "training.json").is_file():  # how the generator was trained travels with the model
-        shutil.copy(lora_dir / "training.json", staging / "training.json")
-    digest = sha256_file(staging / WEIGHTS)
-    record = {"base": json.loads((base_dir / "provenance.json").read_text()) if (base_dir / "provenance.json").exists()
-              else None, "generator_lora_sha256": sha256_file(lora_dir / LORA_WEIGHTS), "weights_sha256": digest}
-    (staging / "provenance.json").write_text(json.dumps(record, indent=2) + "\n")
-    shutil.rmtree(out_dir, ignore_errors=True)
-    staging.rename(out_dir)
-    return digest
-
-
-def ensure_demo_model(target: Path | None = None, gguf: Path | None = None, generator: Path = GENERATOR_DIR) -> Path:
-    """The demo model: the committed generator merged into the recorded base, checked against
-    `MERGED_SHA256`; reused when its record says so, else built (the base converted first if needed)."""
-    from gatehead.demo import MODEL_DIR
-    from gatehead.demo.base import PROVENANCE, WEIGHTS, BaseModelError, ensure_base, provenance
-
-    target = target or MODEL_DIR
-    record = provenance(target)
-    if record and record.get("weights_sha256") == MERGED_SHA256 and (target / WEIGHTS).is_file():
-        return target
-    digest = merge(ensure_base(gguf=gguf), generator, target)
-    if digest != MERGED_SHA256:
-        (target / PROVENANCE).unlink(missing_ok=True)  # never reused as the demo model
-        raise BaseModelError(f"the generator merged into the base gives weights of sha256 {digest}, not the recorded "
-                             f"{MERGED_SHA256}: {generator} or the base is not the committed one")
-    return target
-
-
 def _generate(model, tokenizer, prompts: Sequence[Sequence[int]], max_new: int = 40, batch: int = 64) -> list[str]:
     """Greedy replies, batched with left padding."""
     import torch
@@ -333,7 +253,7 @@ def validate(model_dir: Path, data_dir: Path | None = None, split: str = "val", 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from gatehead.demo.build import DATA_DIR
+    from gatehead.demo.splits import DATA_DIR
 
     data_dir = data_dir or DATA_DIR
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -357,8 +277,9 @@ def validate(model_dir: Path, data_dir: Path | None = None, split: str = "val", 
 
 def _validate(generate, tokenizer, data_dir: Path, split: str, conversations: int) -> dict:
     from gatehead.agent.prompts import ANSWER_SYSTEM, REFUSAL, REWRITE_SYSTEM
-    from gatehead.demo.build import SEED, _read_jsonl
+    from gatehead.demo import SEED
     from gatehead.demo.kb import KnowledgeBase, build_kb
+    from gatehead.demo.splits import read_jsonl
     from gatehead.demo.tasks import conversation_examples, normalize
     from gatehead.gate.adapter import DEFAULT_SUFFIX
     from gatehead.gate.data import parse_example
@@ -368,7 +289,7 @@ def _validate(generate, tokenizer, data_dir: Path, split: str, conversations: in
                 for system in (ANSWER_SYSTEM, REWRITE_SYSTEM)}
     figures: dict[str, dict] = {}
     for name, file in (("template", f"{split}.jsonl"), ("phrased", f"phrased-{split}.jsonl")):
-        rows = _read_jsonl(data_dir / file)
+        rows = read_jsonl(data_dir / file)
         parsed = [(row, parse_example(row, f"{name}:{i}")) for i, row in enumerate(rows)]
         answerable = [(r, e) for r, e in parsed if e.label == "answer"]
         refusing = [(r, e) for r, e in parsed if e.label == "refuse"]
@@ -427,14 +348,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         report = finetune(base, args.out, FinetuneConfig(**json.loads(args.config)), smoke=args.smoke)
         print(json.dumps({k: report[k] for k in ("seconds", "examples", "steps")}))
     elif args.stage == "merge":
-        from gatehead.demo.base import ensure_base
+        from gatehead.demo.base import ensure_base, merge
 
         print(merge(args.base or ensure_base(), args.out, args.merged))
     else:
         import sys
 
         from gatehead.demo.base import WEIGHTS, sha256_file
-        from gatehead.evals.provenance import described_commit, machine
+        from gatehead.provenance import described_commit, machine
 
         started = time.time()
         sets = validate(args.merged, engine=args.engine)

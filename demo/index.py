@@ -20,6 +20,6 @@ def demo_store_config(path: str | Path = DEFAULT_PATH):
 
 def open_demo_store(path: str | Path = DEFAULT_PATH, embedder=None, log=print):
     """The demo corpus's store at `path`; ingests the corpus first (unchanged files are skipped)."""
-    from gatehead.retrieval.store import open_store
+    from gatehead.retrieval.ingest import open_store
 
     return open_store(demo_store_config(path), [CORPUS], embedder, log)

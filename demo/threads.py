@@ -17,12 +17,11 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from gatehead.demo import DEMO_DIR, SEED
 from gatehead.demo.kb import KnowledgeBase, build_kb
 
-DEMO_DIR = Path(__file__).resolve().parent
 THREADS = DEMO_DIR / "threads-handwritten.jsonl"
 CORPUS_DIR = DEMO_DIR / "corpus"
-SEED = 0  # the knowledge base the corpus was written from
 SPLIT = "test"
 EXPECTS = ("answer", "refuse", "clarify")
 MIN_TURNS, MAX_TURNS = 2, 4

@@ -88,7 +88,7 @@ class LMConfig:
 
 
 def build_demo_tokenizer(out_dir: Path, texts: Iterable[str], spec: ModelSpec):
-    from gatehead.testing import build_tokenizer
+    from gatehead.gate.tokenizer import build_tokenizer
 
     return build_tokenizer(out_dir, spec.vocab_size, texts, split_digits=spec.split_digits)
 

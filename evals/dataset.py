@@ -226,7 +226,7 @@ def run_dataset(config, questions_path: Path, corpus: Path | None, out: Path, st
     from tqdm import tqdm
 
     from gatehead.agent import AgentConfig
-    from gatehead.evals.sealed import unseal
+    from gatehead.demo.sealed import unseal
     from gatehead.retrieval.config import IngestConfig, StoreConfig
     from gatehead.retrieval.embedder import Embedder
     from gatehead.retrieval.ingest import ingest

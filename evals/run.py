@@ -8,7 +8,6 @@ verdict ("pass", "fail", or "error" when the run itself broke). Lines are only e
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 import traceback
@@ -19,7 +18,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from gatehead.evals import provenance
+from gatehead import provenance
+from gatehead.provenance import append_to_ledger
 
 DEFAULT_ROOT = Path("eval-runs")  # <root>/<eval>-<time>/ per run, <root>/ledger.jsonl
 LEDGER_FILE = "ledger.jsonl"
@@ -34,24 +34,6 @@ class Outcome:
     report: str
     plots: list[str] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)  # the few figures the ledger line carries
-
-
-def append_to_ledger(path: Path, entry: dict[str, Any]) -> None:
-    """Append one JSON line; never rewrites what is there."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    line = (json.dumps(entry, ensure_ascii=False, default=str) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def read_ledger(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
 def run_eval(name: str, settings: dict[str, Any], body: Callable[[Path], Outcome], out: Path | None = None,

@@ -99,9 +99,9 @@ def run_threads(config, out: Path, threads_path: Path | None = None, store_confi
     from gatehead.agent import Agent, AgentConfig
     from gatehead.agent.checkpoint import open_checkpointer
     from gatehead.demo.index import open_demo_store
+    from gatehead.demo.sealed import unseal
     from gatehead.demo.threads import THREADS, load_threads
     from gatehead.evals.run import Outcome, table
-    from gatehead.evals.sealed import unseal
     from gatehead.retrieval.embedder import Embedder
     from gatehead.retrieval.store import Store
     from gatehead.runtime.engine import SharedEngine

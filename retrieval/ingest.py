@@ -28,7 +28,7 @@ import os
 import time
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,7 @@ from typing import Any
 from tqdm import tqdm
 
 from gatehead.retrieval.chunking import chunk_text, with_title
-from gatehead.retrieval.config import IngestConfig
+from gatehead.retrieval.config import IngestConfig, StoreConfig
 from gatehead.retrieval.embedder import Embedder
 from gatehead.retrieval.loaders import Document, Unreadable, load
 from gatehead.retrieval.sources import SourceFile, find_files
@@ -248,3 +248,20 @@ def ingest(paths: Sequence[str | Path], store: Store, config: IngestConfig | Non
         report.removed += sum(map(len, gone.values()))
     report.seconds = time.perf_counter() - start
     return report
+
+
+def open_store(config: StoreConfig, corpus: Sequence[str | Path] = (), embedder: Embedder | None = None,
+               log: Callable[[str], object] = print) -> Store:
+    """`config`'s store, with `corpus` (files or directories) ingested first: an index kept up to date with its
+    documents, unchanged files skipped (`gatehead.retrieval.ingest`). What changed is logged."""
+    store = Store(config, embedder or Embedder())
+    if not corpus:
+        return store
+    try:
+        report = ingest([Path(c) for c in corpus], store, IngestConfig(progress=False))
+    except BaseException:
+        store.close()
+        raise
+    if report.added or report.updated or report.removed:
+        log(f"Index at {config.location}: {report.summary()}")
+    return store

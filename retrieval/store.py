@@ -10,7 +10,7 @@ made from) and a `fingerprint` of all the rest. This module does not read files 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -275,23 +275,3 @@ class Store:
                 break
             offset += page
         return kept
-
-
-def open_store(config: StoreConfig, corpus: Sequence[str | Path] = (), embedder: Embedder | None = None,
-               log: Callable[[str], object] = print) -> Store:
-    """`config`'s store, with `corpus` (files or directories) ingested first: an index kept up to date with its
-    documents, unchanged files skipped (`gatehead.retrieval.ingest`). What changed is logged."""
-    from gatehead.retrieval.config import IngestConfig
-    from gatehead.retrieval.ingest import ingest
-
-    store = Store(config, embedder or Embedder())
-    if not corpus:
-        return store
-    try:
-        report = ingest([Path(c) for c in corpus], store, IngestConfig(progress=False))
-    except BaseException:
-        store.close()
-        raise
-    if report.added or report.updated or report.removed:
-        log(f"Index at {config.location}: {report.summary()}")
-    return store

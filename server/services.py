@@ -43,7 +43,7 @@ Opener = Callable[[ServerConfig, contextlib.AsyncExitStack], Awaitable[Backends]
 async def open_backends(config: ServerConfig, stack: contextlib.AsyncExitStack) -> Backends:
     """The store (its corpus ingested), the shared engine and the checkpointer, each closed by `stack`."""
     from gatehead.agent.checkpoint import default_checkpoint_path, open_checkpointer
-    from gatehead.retrieval.store import open_store
+    from gatehead.retrieval.ingest import open_store
     from gatehead.runtime.engine import SharedEngine
 
     store = await asyncio.to_thread(open_store, config.store, config.corpus, None, log.info)

@@ -52,7 +52,7 @@ T = TypeVar("T")
 # compute on one thread, as that worker does. This process keeps its own count: torch is imported
 # (and reads OMP_NUM_THREADS) before the variable is set.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-# The suite reads no test split (`gatehead.evals.sealed`): this process and every one it starts.
+# The suite reads no test split (`gatehead.demo.sealed`): this process and every one it starts.
 os.environ["GATEHEAD_SEALED"] = "closed"
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -216,7 +216,7 @@ def demo_gates(demo_shared) -> list[tuple[int, ...]]:
     Not fewer: the bf16 bounds are largest moves over the gates measured, and over the first 128 the
     emulated-bf16 host's HF bf16 vs fp32 maximum (0.0053) was below the shared engine's distance from the
     dedicated one (0.0088), which over 256 it is not on either CPU kind."""
-    from gatehead.demo.build import held_out_examples
+    from gatehead.demo.splits import held_out_examples
 
     return [demo_shared.prompts.build(e.question, e.passages, e.conversation).gate for e in held_out_examples()[:256]]
 

@@ -93,8 +93,8 @@ def test_sealed_data_is_read_once_per_model(root: Path, tmp_path: Path) -> None:
 
 
 def test_a_reading_the_ledger_records_counts_as_the_first(root: Path, tmp_path: Path) -> None:
-    """Any command that measured these weights on the test split (`evals.sealed.unseal`) made it read."""
-    from gatehead.evals.run import append_to_ledger
+    """Any command that measured these weights on the test split (`demo.sealed.unseal`) made it read."""
+    from gatehead.provenance import append_to_ledger
 
     out, sealed = tmp_path / "figs", item(sealed=True)
     other = {"kind": "sealed-read", "file": "demo/data/test.jsonl", "fingerprints": {"model": "sha-of-another"}}

@@ -160,3 +160,43 @@ def test_the_layer_check_sees_function_level_imports(tmp_path: Path) -> None:
     module.write_text("def f():\n    from gatehead.demo import MODEL_DIR\n    import gatehead.agent.graph\n"
                       "from gatehead import server\n")
     assert sorted(gatehead_imports(module)) == [(2, "demo"), (3, "agent"), (4, "server")]
+
+
+def _package_graph() -> dict[str, set[str]]:
+    """{top-level package or module: the others it imports}, every import counted wherever it sits."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        rel = path.relative_to(ROOT)
+        skipped = rel.parts[0] in ("tests", "build", "docker", "docs") or rel.parts[0].startswith(".")
+        if skipped or rel == Path("__init__.py"):
+            continue
+        me = rel.parts[0].removesuffix(".py")
+        graph.setdefault(me, set()).update(sub for _, sub in gatehead_imports(path) if sub != me)
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle among the packages (as a path that returns to its start), or []."""
+    state: dict[str, int] = {}
+
+    def visit(node: str, path: list[str]) -> list[str]:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt, [*path, nxt])):
+                return found
+        state[node] = 2
+        return []
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start, [start])):
+            return found
+    return []
+
+
+def test_the_package_import_graph_has_no_cycle() -> None:
+    graph = _package_graph()
+    assert {"gate", "runtime", "agent", "demo", "evals", "cli"} <= set(graph)
+    assert _cycle(graph) == [], " -> ".join(_cycle(graph))
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]  # the check sees a cycle

@@ -227,7 +227,7 @@ def test_answers_beside_their_gates_in_mixed_batches_hold_the_stability_rule(dem
     beside their gates (prefix cache emptied before each). DESIGN's stability rule: the overlapped pass differs
     from a sequential one in no more turns than the two sequential passes differ (none where they are
     identical); a turn's decisions and answer count."""
-    from gatehead.demo.build import held_out_examples
+    from gatehead.demo.splits import held_out_examples
 
     examples = held_out_examples(("val",))
     questions = [e.question for label in ("answer", "refuse", "search")

@@ -100,7 +100,7 @@ def test_the_gguf_travels_in_parts_and_a_wrong_file_is_refused(tmp_path: Path, w
 
 
 def test_the_committed_generator_merges_into_the_base_as_recorded(tmp_path: Path) -> None:
-    from gatehead.demo.finetune import GENERATOR_DIR, MERGED_SHA256, merge
+    from gatehead.demo.base import GENERATOR_DIR, MERGED_SHA256, merge
 
     digest = merge(base.ensure_base(), GENERATOR_DIR, tmp_path / "merged")
     assert digest == MERGED_SHA256  # the same bytes on every machine and CPU kind
@@ -110,7 +110,7 @@ def test_the_committed_generator_merges_into_the_base_as_recorded(tmp_path: Path
 def test_the_demo_model_is_built_once_checked_and_a_wrong_generator_refused(tmp_path: Path) -> None:
     from safetensors.torch import load_file, save_file
 
-    from gatehead.demo.finetune import GENERATOR_DIR, LORA_WEIGHTS, MERGED_SHA256, ensure_demo_model
+    from gatehead.demo.base import GENERATOR_DIR, LORA_WEIGHTS, MERGED_SHA256, ensure_demo_model
 
     target = ensure_demo_model(tmp_path / "demo-model")
     assert base.provenance(target)["weights_sha256"] == MERGED_SHA256

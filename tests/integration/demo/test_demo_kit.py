@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from gatehead.demo import DEMO_DIR
-from gatehead.demo.build import CORPUS_DIR, DATA_DIR, PHRASED, QUESTIONS, generate
+from gatehead.demo.build import CORPUS_DIR, PHRASED, QUESTIONS, generate
 from gatehead.demo.kb import _GHOST_STEMS, _STEMS, build_kb, category_of, invented_stems
 from gatehead.demo.questions import build_questions
+from gatehead.demo.splits import DATA_DIR
 from gatehead.demo.tasks import synthetic_examples, training_examples
 
 
@@ -122,8 +123,8 @@ def test_validation_figures_reproduce_from_the_committed_model_and_gate() -> Non
     here and the committed prompt-mode gate. Built on CUDA, re-run here on CPU in fp32: a borderline
     question may land on the other side, so each figure may move by one question in its own denominator.
     (The test split is read once, by `gatehead figures`, never by the suite.)"""
-    from gatehead.demo.build import DATA_DIR
     from gatehead.demo.evaluate import evaluate, evaluation_sets
+    from gatehead.demo.splits import DATA_DIR
     from gatehead.testing import demo_kit
 
     model, adapter, _ = demo_kit()

@@ -23,8 +23,9 @@ from gatehead.evals.dataset import (
     risk_coverage,
     token_f1,
 )
-from gatehead.evals.run import Outcome, read_ledger, run_eval
+from gatehead.evals.run import Outcome, run_eval
 from gatehead.evals.squad import convert_squad
+from gatehead.provenance import read_ledger
 from gatehead.runtime.dtype import resolve_dtype
 from gatehead.testing import TinyModel
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gatehead.demo.build import held_out_examples
+from gatehead.demo.splits import held_out_examples
 from gatehead.evals.agreement import agreement, dedicated_gate_probs, shared_gate_probs
 from gatehead.evals.stability import check_stability
 from gatehead.gate.adapter import load_gate_adapter

@@ -28,7 +28,7 @@ def demo_suffix():
 
 
 def test_demo_suffix_gate_agrees_with_its_reference_cached_and_beside_generations(demo_suffix, loop) -> None:
-    from gatehead.demo.build import held_out_examples
+    from gatehead.demo.splits import held_out_examples
 
     examples = held_out_examples()
     built = [demo_suffix.prompts.build(e.question, e.passages, e.conversation) for e in examples[:N]]

@@ -113,7 +113,7 @@ class Request:
 
 
 def request_pool(base_model: str) -> list[Request]:
-    from gatehead.demo.build import DATA_DIR
+    from gatehead.demo.splits import DATA_DIR
 
     rows = [json.loads(line) for line in (DATA_DIR / "test.jsonl").read_text().splitlines()]
     r = random.Random(0)

@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from gatehead.demo.finetune import merge
+from gatehead.demo.base import merge
 
 
 def tiny_llama_with_lora(root: Path) -> tuple[Path, Path]:
@@ -52,7 +52,7 @@ def test_the_merge_is_the_exact_sum_and_the_same_bytes_at_every_cpu_capability(t
     assert (tmp_path / "merged" / "config.json").is_file()
     assert json.loads((tmp_path / "merged" / "provenance.json").read_text())["weights_sha256"] == digest
     # Another process whose torch kernels run at the lowest capability writes the same bytes.
-    code = ("import sys; from pathlib import Path; from gatehead.demo.finetune import merge; "
+    code = ("import sys; from pathlib import Path; from gatehead.demo.base import merge; "
             "print(merge(Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])))")
     env = {**os.environ, "ATEN_CPU_CAPABILITY": "default"}
     done = subprocess.run([sys.executable, "-c", code, str(base), str(lora), str(tmp_path / "again")], env=env,

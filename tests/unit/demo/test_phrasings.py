@@ -7,11 +7,11 @@ import random
 import pytest
 
 from gatehead.demo import phrasings
-from gatehead.demo.build import DATA_DIR, HANDWRITTEN, handwritten_texts, training_records
-from gatehead.demo.build import _read_jsonl as read
 from gatehead.demo.evaluate import evaluation_sets
 from gatehead.demo.kb import build_kb, invented_stems
 from gatehead.demo.questions import _ASK, _GENERIC, _POLICY_ASK, _UNKNOWN, handwritten_questions, phrased_questions
+from gatehead.demo.splits import DATA_DIR, HANDWRITTEN, handwritten_texts, training_records
+from gatehead.demo.splits import read_jsonl as read
 from gatehead.demo.tasks import training_examples
 
 

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from gatehead.demo.build import DATA_DIR, held_out_examples, train_gate_and_report
+from gatehead.demo import sealed
+from gatehead.demo.build import train_gate_and_report
 from gatehead.demo.evaluate import evaluation_sets
-from gatehead.evals import sealed
-from gatehead.evals.provenance import fingerprint
+from gatehead.demo.splits import DATA_DIR, held_out_examples
+from gatehead.provenance import fingerprint
 
 
 @pytest.fixture

