@@ -41,13 +41,15 @@ def test_info_reports_versions_device_and_model_locations(tmp_path: Path) -> Non
 
 
 def test_gate_on_the_engine_and_the_reference_print_the_same_decision(tiny: TinyModel) -> None:
-    args = ["gate", "--model", str(tiny.model_dir), "--adapter", str(tiny.adapter_dir),
+    # Both in fp32 on every host: the suite's fp32 rule holds a gate within 1e-4 of HF fp32 (docs/testing.md),
+    # so the decision and the probabilities printed must agree; bf16's bounds are measured by the fidelity tests.
+    args = ["gate", "--model", str(tiny.model_dir), "--adapter", str(tiny.adapter_dir), "--dtype", "float32",
             "--question", "How long is the warranty?", "--doc", "Two years."]
     engine, reference = run(*args), run(*args, "--engine", "hf")
     assert engine.returncode == 0 and reference.returncode == 0, engine.stderr[-2000:] + reference.stderr[-2000:]
     out, ref = json.loads(engine.stdout), json.loads(reference.stdout)
-    assert set(out["probs"]) == {"answer", "refuse", "search"} and out["decision"] in out["probs"]
-    assert max(abs(out["probs"][k] - ref["probs"][k]) for k in out["probs"]) < 0.05  # bf16 engine vs fp32
+    assert set(out["probs"]) == {"answer", "refuse", "search"} and out["decision"] == ref["decision"]
+    assert max(abs(out["probs"][k] - ref["probs"][k]) for k in out["probs"]) <= 1e-4
     forced = json.loads(run(*args, "--engine", "hf", "--t-answer", "0", "--t-refuse", "0").stdout)
     assert forced["decision"] == "answer" and forced["probs"] == ref["probs"]
 
