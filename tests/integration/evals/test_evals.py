@@ -237,7 +237,14 @@ def test_eval_dataset_on_the_demo_validation_split(tmp_path: Path) -> None:
     result = run("dataset", "--demo", "--gate-only", "--limit", "24", "--max-model-len", "2048", "--block-size", "32",
                  "--out", str(out), "--ledger", str(ledger), cwd=tmp_path)
     report = check_outputs(result, out, ledger, "dataset", ["reliability.png", "risk_coverage.png"])
-    assert report["decided"] == 24 and report["accuracy"] >= 0.75  # the demo gate on validation
+    # The committed gate's recorded validation figure (HF fp32, the whole templated split): these 24 questions
+    # hold at most all of its misses, plus one borderline question the engine's dtype may move.
+    from gatehead.demo import DEFAULT_ADAPTER_DIR  # what `eval dataset` gates with when none is named
+
+    recorded = json.loads((DEFAULT_ADAPTER_DIR.parent / f"report-{DEFAULT_ADAPTER_DIR.name}.json").read_text())
+    template = recorded["val_sets"]["template"]
+    misses = round((1 - template["gate"]["accuracy"]) * template["questions"])
+    assert report["decided"] == 24 and round((1 - report["accuracy"]) * 24) <= misses + 1, (report["accuracy"], misses)
     assert report["injection_flip_rate"] == max(report["injection_flip_rates"].values())
 
 
