@@ -1,5 +1,7 @@
-"""The demo's suffix-mode (activated) gate in the shared engine, in the host's dtype: its decisions are its HF
-reference's."""
+"""The demo's suffix-mode (activated) gate in the shared engine, in fp32 on every host: its probabilities are its
+HF reference's within fp32's rule, cached or not, beside generations. (Its bf16 path is held to the bf16 rule
+on the tiny model, `test_suffix_gate.py`: on the demo model a max-|dp| bound against HF bf16's own depends on
+which prompts are asked, see below.)"""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ N = 256
 @pytest.fixture(scope="module")
 def demo_suffix():
     engine = SharedEngine(EngineConfig(model=MODEL_DIR, adapter=SUFFIX_ADAPTER_DIR, enforce_eager=True,
-                                       memory_fraction=0.1, block_size=32, max_model_len=2048))
+                                       memory_fraction=0.1, block_size=32, max_model_len=2048, dtype="float32"))
     yield engine
     engine.shutdown()
 
@@ -42,20 +44,17 @@ def test_demo_suffix_gate_agrees_with_its_reference_cached_and_beside_generation
     assert all(o.num_cached_tokens > 0 for o in outcomes)
     again = np.array([[o.result.probs[label] for label in LABELS] for o in outcomes])
     fp32 = HFReference(MODEL_DIR, SUFFIX_ADAPTER_DIR, "float32").gate_probs(gates)
-    dtype = demo_suffix.config.dtype  # the host's: bf16 where native, else fp32
-    same = HFReference(MODEL_DIR, SUFFIX_ADAPTER_DIR, dtype).gate_probs(gates)
     thresholds = demo_suffix.adapter.spec.thresholds
     vs_fp32, cached_vs_fp32 = agreement(first, fp32, thresholds), agreement(again, fp32, thresholds)
-    print(f"demo suffix gate vs HF fp32: {vs_fp32}\ndemo suffix gate, prefixes cached, vs HF fp32: {cached_vs_fp32}\n"
-          f"demo suffix gate, cached vs first: {agreement(again, first, thresholds)}\n"
-          f"demo HF {dtype} vs HF fp32 (suffix gate): {agreement(same, fp32, thresholds)}")
+    print(f"demo suffix gate (fp32) vs HF fp32: {vs_fp32}\ndemo suffix gate, prefixes cached, vs HF fp32: "
+          f"{cached_vs_fp32}\ndemo suffix gate, cached vs first: {agreement(again, first, thresholds)}")
     assert len(vs_fp32.mix_a) == 3, f"the demo gate should use all three decisions: {vs_fp32.mix_a}"
-    # 0.02 (issue 25), or the host dtype's own distance from fp32 on this machine where that is larger. Where
-    # bf16 was emulated the engine measured 0.0198 (HF bf16 0.0161): vLLM's kernels there round toward zero in
-    # the base forward the branch reads (docs/activated-gate-research.md); natively 0.0124. In fp32 (hosts
-    # without native bf16) the fp32 suffix gates' bound: 1e-4 of HF fp32, as on the tiny model
-    # (test_suffix_gate.py).
-    bound = 1e-4 if dtype == "float32" else max(0.02, agreement(same, fp32, thresholds).max_dp)
+    # The fp32 suffix gates' rule, as on the tiny model (test_suffix_gate.py): 1e-4 of HF fp32. Until
+    # 2026-12-05 this test ran in the host's dtype against max(0.02, HF bf16's own max |dp|), on test-split
+    # prompts; on validation prompts (the suite reads no test split) the bf16 engine measured max |dp| 0.154
+    # (mean 0.0025, no flip) against HF bf16's 0.0715 (mean 0.0011), the same figures on the code before
+    # that day's changes: one prompt whose answer/search split moved, a max over one set of prompts compared
+    # with another computation's max, not a bound a correct bf16 engine meets on every set.
     for figures in (vs_fp32, cached_vs_fp32):
-        assert figures.flips == 0 and figures.max_dp <= bound, (figures, bound)
+        assert figures.flips == 0 and figures.max_dp <= 1e-4, figures
     assert np.allclose(first.sum(axis=1), 1.0, atol=1e-5)
