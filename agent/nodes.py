@@ -27,7 +27,8 @@ from gatehead.gate.policy import Thresholds
 from gatehead.gate.prompt import Turn
 
 # A gate's answer and a rewrite for another search go before new turns' work where the engine schedules by
-# priority (`EngineConfig.scheduling_policy`, lower first): a gated turn then queues once, not twice.
+# priority (`EngineConfig.scheduling_policy`, lower first); first come, first served (the default) ignores it.
+# Measured on the demo model: no gain beyond the run's drift (docs/figures.md, bench-demo-priority).
 POST_GATE_PRIORITY = -1
 
 Node = Callable[[AgentState, Runtime[AgentContext]], Awaitable[dict]]
