@@ -9,7 +9,7 @@ file and its sha256, the fingerprints of the model and adapter measured, the com
 second one unless told `--reread`, and its rendered block then says "development figure".
 
 Not a reading: checks of the data themselves (held out by entity and family, the threads' schema) and the
-texts of the hand-typed sets kept out of training (`demo.build.handwritten_texts`); no model meets a label.
+texts of the hand-typed sets kept out of training (`demo.splits.handwritten_texts`); no model meets a label.
 The test suite reads no test split: it runs with `GATEHEAD_SEALED=closed`, under which `unseal` raises.
 """
 
@@ -22,9 +22,10 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from gatehead.demo import DEMO_DIR
 from gatehead.provenance import append_to_ledger, described_commit, fingerprint, read_ledger
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = DEMO_DIR.parent
 LEDGER = ROOT / "evals" / "demo-ledger.jsonl"  # append-only: every verdict and every reading of a test split
 CLOSED = "GATEHEAD_SEALED"  # "closed": this process may not read a test split (the test suite)
 KIND = "sealed-read"
@@ -43,8 +44,6 @@ def _relative(path: Path) -> str:
 
 def sealed_files() -> frozenset[Path]:
     """The demo's test splits: what `unseal` guards."""
-    from gatehead.demo import DEMO_DIR
-
     data = DEMO_DIR / "data"
     return frozenset(p.resolve() for p in (data / "test.jsonl", data / "phrased-test.jsonl",
                                            data / "handwritten-test.jsonl", DEMO_DIR / "handwritten.jsonl",
