@@ -4,14 +4,24 @@
 and routing), whose nodes (`nodes.py`) take the engine and store from the run's `AgentContext`
 (`context.py`); the state and a turn's result are in `state.py`. `gate_node` and `route_on_gate` put
 the shared engine's gate into a graph of your own.
+
+The names below load on first use: the agent's prompt texts (`gatehead.agent.prompts`), which training
+code reads, import without LangGraph.
 """
 
-from gatehead.agent.context import AgentContext, Engine, Retriever
-from gatehead.agent.graph import agent_context, build_graph
-from gatehead.agent.nodes import gate_decision, gate_node, route_on_gate
-from gatehead.agent.state import AgentConfig, AgentEvent, AgentState, Decision, Outcome, TurnResult, as_passage
-from gatehead.agent.turns import Agent
+from importlib import import_module
 
-__all__ = ["Agent", "AgentConfig", "AgentContext", "AgentEvent", "AgentState", "Decision", "Engine", "Outcome",
-           "Retriever", "TurnResult", "agent_context", "as_passage", "build_graph", "gate_decision", "gate_node",
-           "route_on_gate"]
+_WHERE = {"AgentContext": "context", "Engine": "context", "Retriever": "context", "agent_context": "graph",
+          "build_graph": "graph", "gate_decision": "nodes", "gate_node": "nodes", "route_on_gate": "nodes",
+          "AgentConfig": "state", "AgentEvent": "state", "AgentState": "state", "Decision": "state",
+          "Outcome": "state", "TurnResult": "state", "as_passage": "state", "Agent": "turns"}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'gatehead.agent' has no attribute {name!r}")
+    value = getattr(import_module(f"gatehead.agent.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value

@@ -200,3 +200,14 @@ def test_the_package_import_graph_has_no_cycle() -> None:
     assert {"gate", "runtime", "agent", "demo", "evals", "cli"} <= set(graph)
     assert _cycle(graph) == [], " -> ".join(_cycle(graph))
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]  # the check sees a cycle
+
+
+def test_the_agents_prompts_import_without_langgraph() -> None:
+    """Training code reads the agent's prompt texts on machines that may lack LangGraph (a lent GPU machine)."""
+    code = ("import sys; sys.modules['langgraph'] = None\n"
+            "import gatehead.agent.prompts as p, gatehead.agent as a\n"
+            "assert p.REFUSAL and 'gatehead.agent.graph' not in sys.modules\n"
+            "try:\n    a.Agent\nexcept ImportError:\n    print('needs langgraph')\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "GATEHEAD_TEST_CPU_ISA")}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", env=env)
+    assert result.returncode == 0 and result.stdout.strip() == "needs langgraph", result.stderr[-2000:]
