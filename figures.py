@@ -595,6 +595,12 @@ def load_source(source: str, root: Path = ROOT) -> tuple[dict, dict | None]:
 
 
 def render_block(source: str, view: str, root: Path = ROOT) -> str:
+    """A block's body: the view of its results, or, where any of them was measured on other weights than
+    the committed ones, one line saying so and naming what re-measures it (an old model's table is never shown
+    as the committed model's)."""
+    if stale := stale_sources(source, root):
+        return (f"*Not yet measured on the committed demo model (these figures were measured on an earlier model "
+                f"or adapter): {', '.join(stale)}.*\n")
     if view in ENVELOPE_VIEWS:
         envelopes = [load_source(s, root)[1] for s in source.split(",")]
         if any(e is None for e in envelopes):
@@ -606,6 +612,19 @@ def render_block(source: str, view: str, root: Path = ROOT) -> str:
         raise ValueError(f"unknown README figures view {view!r}; "
                          f"known: {sorted([*VIEWS, *ENVELOPE_VIEWS, *MULTI_VIEWS])}")
     return VIEWS[view](load_source(source, root)[0])
+
+
+def stale_sources(source: str, root: Path = ROOT) -> list[str]:
+    """What re-measures each of a block's files that was measured on other weights than the committed ones:
+    `gatehead figures --only ITEM` for an envelope, the file itself for a `demo.build evaluate` results file."""
+    stale = []
+    for one in source.split(","):
+        results, envelope = load_source(one, root)
+        if envelope is not None and envelope["fingerprints"] != fingerprints(by_name([envelope["item"]])[0], root):
+            stale.append(f"`gatehead figures --only {envelope['item']}`")
+        elif envelope is None and stale_weights(results, root):
+            stale.append(f"{one} (of other {', '.join(stale_weights(results, root))})")
+    return list(dict.fromkeys(stale))
 
 
 def stale_weights(results: dict, root: Path = ROOT) -> list[str]:
@@ -620,7 +639,8 @@ def stale_weights(results: dict, root: Path = ROOT) -> list[str]:
 
 
 def readme_problems(text: str, root: Path = ROOT) -> list[str]:
-    """What is wrong with the README's figure blocks: stale tables, sources missing or of another model."""
+    """What is wrong with the README's figure blocks: missing sources, and bodies that are not their sources'
+    rendering (an old table, or a table of an earlier model where the rendering says it is not yet measured)."""
     problems = []
     for match in BLOCK.finditer(text):
         source, view = match["source"], match["view"]
@@ -630,13 +650,6 @@ def readme_problems(text: str, root: Path = ROOT) -> list[str]:
             continue
         if render_block(source, view, root) != match["body"]:
             problems.append(f"{source} ({view}): the README's table differs from the file's figures")
-        for one in source.split(","):
-            results, envelope = load_source(one, root)
-            if envelope is not None and envelope["fingerprints"] != fingerprints(by_name([envelope["item"]])[0], root):
-                problems.append(f"{one}: measured on another model or adapter than the committed one")
-            elif envelope is None and stale_weights(results, root):
-                problems.append(f"{one}: measured on other weights than the committed "
-                                f"{', '.join(stale_weights(results, root))}")
     return problems
 
 

@@ -239,7 +239,7 @@ def split_gguf(dest: Path, parts: int) -> list[Path]:
 GENERATOR_DIR = DEMO_DIR / "generator"  # the committed LoRA (`gatehead.demo.finetune` trains it)
 LORA_WEIGHTS = "adapter_model.safetensors"
 # The committed LoRA merged into the recorded base (`WEIGHTS_SHA256`): the same bytes everywhere.
-MERGED_SHA256 = "23d0eeabb3e831fa75d6cb097497e71034bb255eaffdee1470cb65cd2513afd8"
+MERGED_SHA256 = "75f6acf9f7f1bca8253fb73752920769cdc94e3f258399255e9bf72f34a58291"
 
 
 def _lora_pairs(lora_dir: Path) -> tuple[dict[str, tuple], float]:

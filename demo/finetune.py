@@ -326,17 +326,44 @@ def _validate(generate, tokenizer, data_dir: Path, split: str, conversations: in
     return figures
 
 
+def score(figures: dict) -> float:
+    """How `choose` ranks generators on validation: the mean of the phrased set's answer exact match and
+    refusals and the follow-ups' rewrite and answer exact match (the people-facing tasks, equally weighted)."""
+    phrased, follow = figures["phrased"], figures["follow_ups"]
+    return (phrased["answer_exact_match"] + phrased["refused_on_refuse"] + follow["rewrite_exact_match"]
+            + follow["answer_exact_match"]) / 4
+
+
+def choose(base_dir: Path, config: FinetuneConfig, work: Path, committed: Path = GENERATOR_DIR) -> dict:
+    """Trains a candidate generator (`work/candidate`), merges it and the `committed` one into the base
+    (`work/merged-committed`, `work/merged-candidate`), validates both on val and names the better by `score`.
+    The candidate replaces nothing: committing it (and `MERGED_SHA256`) is the maintainer's step."""
+    from gatehead.demo.base import merge
+
+    finetune(base_dir, work / "candidate", config)
+    figures: dict = {"rule": " ".join(score.__doc__.split()), "merged": {}}
+    for name, lora in (("committed", committed), ("candidate", work / "candidate")):
+        figures["merged"][name] = merge(base_dir, lora, work / f"merged-{name}")
+        started = time.time()
+        figures[name] = validate(work / f"merged-{name}")
+        figures[name].update(seconds=round(time.time() - started, 1), score=score(figures[name]))
+    figures["choice"] = "candidate" if figures["candidate"]["score"] > figures["committed"]["score"] else "committed"
+    (work / "validation.json").write_text(json.dumps(figures, indent=1, ensure_ascii=False) + "\n")
+    return figures
+
+
 def sha256_dir(path: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(path.iterdir()) if p.is_file()}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gatehead.demo.finetune", description=__doc__.splitlines()[0])
-    parser.add_argument("stage", choices=["train", "merge", "validate"])
+    parser.add_argument("stage", choices=["train", "merge", "validate", "choose"])
     parser.add_argument("--base", type=Path, help="the base directory (default: gatehead.demo.base's)")
-    parser.add_argument("--out", type=Path, default=GENERATOR_DIR, help="train: the LoRA's directory")
+    parser.add_argument("--out", type=Path, default=GENERATOR_DIR,
+                        help="train: the LoRA's directory; choose: the work directory (candidate, merges, figures)")
     parser.add_argument("--merged", type=Path, help="merge: where the merged model goes; validate: the model")
-    parser.add_argument("--config", default="{}", help="train: FinetuneConfig fields as JSON")
+    parser.add_argument("--config", default="{}", help="train, choose: FinetuneConfig fields as JSON")
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--engine", choices=["hf", "vllm"], default="hf", help="validate: transformers or stock vLLM")
     parser.add_argument("--json-out", type=Path, help="validate: also write the figures to this file")
@@ -347,6 +374,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         base = args.base or ensure_base()
         report = finetune(base, args.out, FinetuneConfig(**json.loads(args.config)), smoke=args.smoke)
         print(json.dumps({k: report[k] for k in ("seconds", "examples", "steps")}))
+    elif args.stage == "choose":
+        from gatehead.demo.base import ensure_base
+
+        if args.out == GENERATOR_DIR:
+            parser.error("choose needs --out, a work directory (the committed generator stays as it is)")
+        figures = choose(args.base or ensure_base(), FinetuneConfig(**json.loads(args.config)), args.out)
+        print(json.dumps({k: figures[k] for k in ("merged", "choice")} | {
+            name: round(figures[name]["score"], 4) for name in ("committed", "candidate")}))
     elif args.stage == "merge":
         from gatehead.demo.base import ensure_base, merge
 

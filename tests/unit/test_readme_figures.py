@@ -44,7 +44,13 @@ def test_a_stale_table_a_missing_file_and_another_model_are_caught(tmp_path: Pat
     block = f"<!-- figures {source} bench -->\n{render_block(source, 'bench', root)}<!-- /figures -->"
     assert readme_problems(block, root) == []
     (root / "demo/adapter/adapter_model.safetensors").write_bytes(b"another adapter")
-    assert readme_problems(block, root) == [f"{source}: measured on another model or adapter than the committed one"]
+    assert readme_problems(block, root) == [f"{source} (bench): the README's table differs from the file's figures"]
+    # Re-rendered, the block says it is not yet measured on the committed model, and what measures it.
+    assert render_block(source, "bench", root) == (
+        "*Not yet measured on the committed demo model (these figures were measured on an earlier model or "
+        "adapter): `gatehead figures --only bench-demo`.*\n")
+    stale = f"<!-- figures {source} bench -->\n{render_block(source, 'bench', root)}<!-- /figures -->"
+    assert readme_problems(stale, root) == []
 
 
 def test_a_demo_kit_results_file_of_other_weights_is_caught(tmp_path: Path) -> None:
@@ -63,4 +69,6 @@ def test_a_demo_kit_results_file_of_other_weights_is_caught(tmp_path: Path) -> N
     block = f"<!-- figures {source} demo-sets -->\n{render_block(source, 'demo-sets', tmp_path)}<!-- /figures -->"
     assert readme_problems(block, tmp_path) == []
     (tmp_path / "demo" / weights).write_bytes(b"retrained")
-    assert readme_problems(block, tmp_path) == [f"{source}: measured on other weights than the committed {weights}"]
+    assert readme_problems(block, tmp_path) == [
+        f"{source} (demo-sets): the README's table differs from the file's figures"]
+    assert render_block(source, "demo-sets", tmp_path).endswith(f"{source} (of other {weights}).*\n")
