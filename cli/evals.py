@@ -20,9 +20,10 @@ def _eval_arguments(p: argparse.ArgumentParser, memory_fraction: float | None = 
 
 
 def _figures(args: argparse.Namespace) -> int:
-    from gatehead.figures import main as figures
+    from gatehead.figures import FiguresConfig, main
 
-    return figures(args)
+    return main(FiguresConfig(only=tuple(args.only or ()), list_only=args.list, readme=args.readme,
+                              reread=args.reread, allow_dirty=args.dirty, dir=args.dir, logs=args.logs))
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -194,10 +195,12 @@ def add_parsers(commands) -> None:
 
     p = commands.add_parser("figures", help="re-measure the figures the README and docs/figures.md show, each "
                             "into docs/figures/<item>.json",
-                            description="Runs figures.py's items (its docstring says what each file holds).")
+                            description="Runs gatehead.figures' items (its docstring says what each file holds).")
     p.add_argument("--only", nargs="+", metavar="ITEM", help="these items only (--list names them)")
     p.add_argument("--list", action="store_true", help="list the items, their commands and expected minutes")
     p.add_argument("--reread", action="store_true", help="read sealed held-out data again on the same model")
+    p.add_argument("--dirty", action="store_true", help="measure a tree with uncommitted changes (recorded: the "
+                   "envelope and every page block that renders it say so, and the suite's page check fails)")
     p.add_argument("--readme", action="store_true", help="re-render the figure blocks of the README, "
                    "docs/figures.md and docs/demo-model.md from their files")
     p.add_argument("--dir", type=Path, default=Path("docs/figures"), help="where results go (default docs/figures)")

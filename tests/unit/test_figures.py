@@ -51,7 +51,10 @@ def test_a_finished_item_writes_its_envelope(root: Path, tmp_path: Path) -> None
     (root / "evals" / "demo-ledger.jsonl").write_text("{}\n")
     assert run_item(item(), out, root)["dirty"] is False
     (root / "m" / "weights.bin").write_bytes(b"\x00\x02")
-    assert run_item(item(), out, root)["dirty"] is True
+    with pytest.raises(RuntimeError, match="uncommitted changes"):  # a figure measures a commit
+        run_item(item(), out, root)
+    assert json.loads((out / "toy.json").read_text())["dirty"] is False  # the earlier envelope stays
+    assert run_item(item(), out, root, allow_dirty=True)["dirty"] is True  # recorded, where asked
     assert envelope["command"].startswith("python -c ") and envelope["command"].endswith(" OUT.json")
     assert envelope["machine"]["cpus"] >= 1 and envelope["machine"]["bf16"] in ("AMX", "AVX-512 BF16", "emulated")
 
@@ -89,7 +92,7 @@ def test_sealed_data_is_read_once_per_model(root: Path, tmp_path: Path) -> None:
     assert run_item(sealed, out, root, reread=True)["reread"] is True
     (root / "m" / "weights.bin").write_bytes(b"new model")  # a new model may read it once
     assert not sealed_read(sealed, out, root)
-    assert run_item(sealed, out, root)["reread"] is False
+    assert run_item(sealed, out, root, allow_dirty=True)["reread"] is False
 
 
 def test_a_reading_the_ledger_records_counts_as_the_first(root: Path, tmp_path: Path) -> None:
@@ -160,7 +163,7 @@ def test_recorded_test_figures_reach_an_envelope_and_its_table(record_figure, mo
     del emulated["results"]["figures"]["tiny/bounds"]
     as_avx2 = json.loads(json.dumps(emulated))
     as_avx2["results"].update(cpu_isa="avx2", dtype="float32")  # dtype auto as an AVX2 CPU
-    table = figures.ENVELOPE_VIEWS["tests-tiny"]([envelope, emulated, as_avx2])
+    table = figures.VIEWS["tests-tiny"]([envelope, emulated, as_avx2])
     assert "tests 1 failed, 1 passed" in table and "emulated bf16 (on a AVX-512 BF16 host)" in table
     assert "bf16 by AVX-512 BF16" in table and "fp32 as an AVX2 CPU (on a AVX-512 BF16 host)" in table
     rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines() if line.startswith("| ")}

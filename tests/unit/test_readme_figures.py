@@ -1,4 +1,5 @@
-"""The README's figure tables are rendered from committed results files, and describe the committed model."""
+"""The pages' figure tables are rendered from committed `gatehead figures` envelopes of the committed model,
+measured on committed code, and every results file in the tree is rendered or named by a page."""
 
 from __future__ import annotations
 
@@ -7,68 +8,84 @@ import shutil
 from pathlib import Path
 
 from gatehead import figures
-from gatehead.figures import BLOCK, fingerprints, readme_problems, render_block
+from gatehead.figures import BLOCK, fingerprints, readme_problems, render_block, unrendered
 
-BENCH = "benchmarks/results/bench_random_cpu.json"
+SOURCE = "docs/figures/bench-demo.json"
 
 
-def test_every_pages_figure_blocks_match_their_results_files() -> None:
+def test_every_pages_figure_blocks_match_their_envelopes() -> None:
     texts = {page: (figures.ROOT / page).read_text() for page in figures.PAGES}
     sources = {one for text in texts.values() for m in BLOCK.finditer(text) for one in m["source"].split(",")}
-    assert {BENCH, "docs/figures/bench-demo.json", "docs/figures/fidelity.json", "docs/figures/soak.json",
-            "docs/figures/demo-test.json", "docs/figures/eval-dataset-test.json"} <= sources
+    assert {f"docs/figures/{name}.json" for name in ("bench-demo", "fidelity", "soak", "demo-test", "eval-dataset-test",
+                                                    "gpu-branch")} <= sources
     for page, text in texts.items():
         assert readme_problems(text) == [], page
 
 
-def test_a_stale_table_a_missing_file_and_another_model_are_caught(tmp_path: Path) -> None:
-    root = tmp_path
-    (root / "benchmarks/results").mkdir(parents=True)
-    shutil.copy(figures.ROOT / BENCH, root / BENCH)
-    block = f"<!-- figures {BENCH} bench -->\n{render_block(BENCH, 'bench', root)}<!-- /figures -->"
-    assert readme_problems(block, root) == []
-    data = json.loads((root / BENCH).read_text())
-    data["ratios"]["single_c1_throughput_a_suffix_over_b"]["median"] += 0.5
-    (root / BENCH).write_text(json.dumps(data))
-    assert readme_problems(block, root) == [f"{BENCH} (bench): the README's table differs from the file's figures"]
-    assert readme_problems(block.replace(BENCH, "benchmarks/results/gone.json"), root) == [
-        "benchmarks/results/gone.json: missing"]
-    # An envelope from `gatehead figures`: its fingerprints must be the committed model's.
+def test_every_results_file_is_rendered_or_named_by_a_page() -> None:
+    assert unrendered() == []
+
+
+def _repo(root: Path) -> dict:
+    """A repository holding the committed demo adapters and a bench-demo envelope of them; returns the envelope."""
     item = figures.by_name(["bench-demo"])[0]
     for _, rel in item.fingerprints:
         shutil.copytree(figures.ROOT / rel, root / rel)
-    envelope = {"item": item.name, "fingerprints": fingerprints(item, root), "results": data}
+    results = json.loads((figures.ROOT / SOURCE).read_text())["results"]
+    envelope = {"item": item.name, "commit": "0123456789abcdef", "dirty": False,
+                "fingerprints": fingerprints(item, root), "results": results}
     (root / "docs/figures").mkdir(parents=True)
-    (root / "docs/figures/bench-demo.json").write_text(json.dumps(envelope))
-    source = "docs/figures/bench-demo.json"
-    block = f"<!-- figures {source} bench -->\n{render_block(source, 'bench', root)}<!-- /figures -->"
-    assert readme_problems(block, root) == []
-    (root / "demo/adapter/adapter_model.safetensors").write_bytes(b"another adapter")
-    assert readme_problems(block, root) == [f"{source} (bench): the README's table differs from the file's figures"]
-    # Re-rendered, the block says it is not yet measured on the committed model, and what measures it.
-    assert render_block(source, "bench", root) == (
+    (root / SOURCE).write_text(json.dumps(envelope))
+    return envelope
+
+
+def _block(source: str, view: str, root: Path) -> str:
+    return f"<!-- figures {source} {view} -->\n{render_block(source, view, root)}<!-- /figures -->"
+
+
+def test_a_stale_table_a_missing_file_a_raw_file_and_another_model_are_caught(tmp_path: Path) -> None:
+    envelope = _repo(tmp_path)
+    block = _block(SOURCE, "bench", tmp_path)
+    assert readme_problems(block, tmp_path) == []
+    envelope["results"]["ratios"]["single_c1_throughput_a_suffix_over_b"]["median"] += 0.5
+    (tmp_path / SOURCE).write_text(json.dumps(envelope))
+    assert readme_problems(block, tmp_path) == [f"{SOURCE} (bench): the page's table differs from the file's figures"]
+    assert readme_problems(block.replace(SOURCE, "docs/figures/gone.json"), tmp_path) == [
+        "docs/figures/gone.json: missing"]
+    raw = "docs/figures/raw.json"  # a benchmark's own results file: no commit, no fingerprints
+    (tmp_path / raw).write_text(json.dumps(envelope["results"]))
+    [problem] = readme_problems(block.replace(SOURCE, raw), tmp_path)
+    assert problem.startswith(f"{raw}: not a `gatehead figures` envelope")
+    # Another adapter committed: the old table is flagged, and the re-rendered block names what re-measures it.
+    block = _block(SOURCE, "bench", tmp_path)
+    (tmp_path / "demo/adapter/adapter_model.safetensors").write_bytes(b"another adapter")
+    assert readme_problems(block, tmp_path) == [f"{SOURCE} (bench): the page's table differs from the file's figures"]
+    assert render_block(SOURCE, "bench", tmp_path) == (
         "*Not yet measured on the committed demo model (these figures were measured on an earlier model or "
         "adapter): `gatehead figures --only bench-demo`.*\n")
-    stale = f"<!-- figures {source} bench -->\n{render_block(source, 'bench', root)}<!-- /figures -->"
-    assert readme_problems(stale, root) == []
+    assert readme_problems(_block(SOURCE, "bench", tmp_path), tmp_path) == []
 
 
-def test_a_demo_kit_results_file_of_other_weights_is_caught(tmp_path: Path) -> None:
-    """`demo.build evaluate` files carry the weights' sha256 prefixes; the README check compares them."""
-    import hashlib
+def test_a_figure_measured_with_uncommitted_changes_says_so_and_fails_the_check(tmp_path: Path) -> None:
+    envelope = _repo(tmp_path)
+    clean = render_block(SOURCE, "bench", tmp_path)
+    (tmp_path / SOURCE).write_text(json.dumps({**envelope, "dirty": True}))
+    body = render_block(SOURCE, "bench", tmp_path)
+    assert body.startswith(clean) and body.endswith(
+        "*Measured with uncommitted changes (bench-demo at 0123456): not a committed figure.*\n")
+    assert readme_problems(_block(SOURCE, "bench", tmp_path), tmp_path) == [
+        f"{SOURCE}: measured with uncommitted changes (commit 0123456)"]
 
-    source = "results/test-sets.json"
-    weights = "adapter-suffix/adapter_model.safetensors"
-    (tmp_path / "demo" / weights).parent.mkdir(parents=True)
-    shutil.copy(figures.ROOT / "demo" / weights, tmp_path / "demo" / weights)
-    # A results file's shape (an earlier model's figures, kept in the history) naming the committed gate.
-    results = json.loads((figures.ROOT / "docs/history/12.8m-figures/demo-test.json").read_text())["results"]
-    results["weights_sha256"] = {weights: hashlib.sha256((tmp_path / "demo" / weights).read_bytes()).hexdigest()[:16]}
-    (tmp_path / source).parent.mkdir(parents=True)
-    (tmp_path / source).write_text(json.dumps(results))
-    block = f"<!-- figures {source} demo-sets -->\n{render_block(source, 'demo-sets', tmp_path)}<!-- /figures -->"
-    assert readme_problems(block, tmp_path) == []
-    (tmp_path / "demo" / weights).write_bytes(b"retrained")
-    assert readme_problems(block, tmp_path) == [
-        f"{source} (demo-sets): the README's table differs from the file's figures"]
-    assert render_block(source, "demo-sets", tmp_path).endswith(f"{source} (of other {weights}).*\n")
+
+def test_unrendered_results_files_are_found(tmp_path: Path) -> None:
+    _repo(tmp_path)
+    (tmp_path / "docs/history/results/old").mkdir(parents=True)
+    (tmp_path / "docs/history/results/old/a.json").write_text("{}")
+    (tmp_path / "docs/history/results/b.json").write_text("{}")
+    (tmp_path / "benchmarks/results").mkdir(parents=True)
+    (tmp_path / "benchmarks/results/c.json").write_text("{}")
+    (tmp_path / "README.md").write_text(_block(SOURCE, "bench", tmp_path) + "\n")
+    (tmp_path / "docs/history.md").write_text("The old runs: `docs/history/results/old/`.\n")
+    assert unrendered(tmp_path, ("README.md",)) == ["docs/history/results/b.json", "benchmarks/results/c.json"]
+    (tmp_path / "README.md").write_text("no block\n")
+    assert unrendered(tmp_path, ("README.md",)) == [SOURCE, "docs/history/results/b.json", "benchmarks/results/c.json"]

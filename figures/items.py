@@ -1,0 +1,139 @@
+"""The figures items: each one command of this repository, what it measures, and the files that identify
+what it measured (fingerprints)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gatehead.provenance import RUN_OUTPUTS
+
+ROOT = Path(__file__).resolve().parent.parent  # the repository (the package's root)
+FIGURES_DIR = ROOT / "docs" / "figures"
+LEDGER = "evals/demo-ledger.jsonl"  # append-only: every verdict on the demo model, failures included
+assert LEDGER in RUN_OUTPUTS  # what the items write is not a change to the code measured
+# The demo model is built at setup from the pinned registry base and the committed generator LoRA (checked
+# against `demo.finetune.MERGED_SHA256`): the generator's folder is what identifies it in the repository.
+DEMO_MODEL, DEMO_ADAPTER, DEMO_SUFFIX_ADAPTER = "demo/generator", "demo/adapter", "demo/adapter-suffix"
+RANDOM_DIR = ".cache/bench-random"
+EVAL_SIZES = ("--max-model-len", "2048", "--block-size", "32")
+SUITE_LAYOUT = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"}  # as tests/conftest.py runs engines
+
+
+@dataclass(frozen=True)
+class Item:
+    """One measurement: a command and where its results land."""
+
+    name: str
+    about: str
+    minutes: float  # expected on a 2-core CPU
+    argv: tuple[str, ...]  # {python}, {gatehead}, {out} (a JSON file) and {dir} (a folder) are filled in
+    results: str  # "file": {out}; "dir": {dir}/result.json; "stdout": the command's stdout is JSON
+    fingerprints: tuple[tuple[str, str], ...]  # (role, path relative to the repository root), hashed after the run
+    env: Mapping[str, str] = field(default_factory=dict)
+    ok_codes: tuple[int, ...] = (0,)  # the evals exit 1 when their rule fails: a verdict, still a figure
+    sealed: bool = False  # reads held-out data that is read once per committed model
+    limit_minutes: float = 0.0  # 0: three times the expected minutes
+    cuda: bool = False  # runs on a CUDA GPU only: left out of a run of every item on a machine without one
+
+    @property
+    def limit_s(self) -> float:
+        return 60 * (self.limit_minutes or 3 * self.minutes)
+
+
+DEMO = (("model", DEMO_MODEL), ("adapter", DEMO_ADAPTER))  # the prompt-mode gate
+DEMO_DEFAULT = (("model", DEMO_MODEL), ("adapter", DEMO_SUFFIX_ADAPTER))  # the demo's default gate (suffix mode)
+DEMO_BOTH = DEMO + (("suffix_adapter", DEMO_SUFFIX_ADAPTER),)
+PROMPT_GATE = ("--adapter", DEMO_ADAPTER)  # the evals that judge the prompt-mode gate name it
+RANDOM = (("model", f"{RANDOM_DIR}/model"), ("adapter", f"{RANDOM_DIR}/adapter"),
+          ("suffix_adapter", f"{RANDOM_DIR}/suffix/adapter"))
+
+
+# The fidelity figures are measured by the tests that judge them: with GATEHEAD_FIGURES_FILE set, their
+# `record_figure` fixture (tests/conftest.py) writes each figure and each test's outcome there.
+FIGURES_ENV = {"GATEHEAD_FIGURES_FILE": "{out}"}
+FIDELITY_TESTS = ("tests/integration/runtime/test_fidelity.py", "tests/integration/runtime/test_fidelity_compile.py",
+                  "tests/integration/runtime/test_chunking.py", "tests/integration/runtime/test_demo_fidelity.py",
+                  "tests/integration/runtime/test_tensor_parallel.py")
+
+
+def _pytest(*paths: str) -> tuple[str, ...]:
+    return ("{python}", "-m", "pytest", "-q", "-p", "no:cacheprovider", *paths)
+
+
+def _eval(name: str, *args: str) -> tuple[str, ...]:
+    return ("{gatehead}", "eval", name, *args, *EVAL_SIZES, "--ledger", LEDGER, "--out", "{dir}")
+
+
+def _evaluate(split: str, *args: str) -> tuple[str, ...]:
+    return ("{python}", "-m", "gatehead.demo.build", "evaluate", "--split", split, *args, "--device", "cpu",
+            "--out", "{out}")
+
+
+ITEMS: tuple[Item, ...] = (
+    Item("eval-stability", "stability eval, demo model, vLLM's default process layout", 3,
+         _eval("stability", "--variants", "plain,mixed", *PROMPT_GATE), "dir", DEMO, ok_codes=(0, 1)),
+    Item("eval-stability-suite-layout", "stability eval as the test suite runs engines (in-process, 1 thread)", 3,
+         _eval("stability", "--variants", "plain,mixed", *PROMPT_GATE), "dir", DEMO, env=SUITE_LAYOUT,
+         ok_codes=(0, 1)),
+    Item("eval-agreement", "agreement eval (shared vs dedicated vs HF), demo model, default layout", 3,
+         _eval("agreement", *PROMPT_GATE), "dir", DEMO, ok_codes=(0, 1)),
+    Item("eval-agreement-suite-layout", "agreement eval as the test suite runs engines", 3,
+         _eval("agreement", *PROMPT_GATE), "dir", DEMO, env=SUITE_LAYOUT, ok_codes=(0, 1)),
+    Item("eval-kv", "KV capacity, stock vs shared, and the plugin's memory", 2, _eval("kv", *PROMPT_GATE), "dir", DEMO,
+         ok_codes=(0, 1)),
+    Item("eval-dataset-val", "the agent over the demo's validation split", 20,
+         _eval("dataset", "--demo", "val"), "dir", DEMO_DEFAULT,
+         ok_codes=(0, 1)),
+    Item("eval-dataset-test", "the agent over the demo's held-out test split: read once per committed model", 20,
+         _eval("dataset", "--demo", "test"), "dir", DEMO_DEFAULT, ok_codes=(0, 1), sealed=True),
+    Item("eval-threads-test", "the agent over the hand-written threads (test products): read once per committed model",
+         8, _eval("threads"), "dir", DEMO_DEFAULT, ok_codes=(0, 1), sealed=True),
+    Item("demo-val", "the demo kit's figures on its validation split (model and calibration chosen on it), default "
+         "gate", 40, _evaluate("val", "--adapter", "adapter-suffix"), "file", DEMO_DEFAULT),
+    Item("demo-test", "the demo kit's held-out test figures, default gate: read once per committed model", 45,
+         _evaluate("test", "--adapter", "adapter-suffix"), "file", DEMO_DEFAULT, sealed=True),
+    Item("demo-test-prompt", "the prompt-mode gate alone on the held-out test sets: read once per committed gate", 20,
+         _evaluate("test", "--adapter", "adapter", "--gate-only"), "file", DEMO, sealed=True),
+    Item("agent-ttft", "answer time to first token after the gate vs cold, demo model", 2,
+         ("{python}", "-m", "gatehead.benchmarks.agent_ttft", "--block-size", "32"), "stdout", DEMO),
+    Item("guard-rates", "the degenerate-output guard's rates and engine-fault drill, demo model", 20,
+         ("{python}", "-m", "gatehead.benchmarks.guard_rates", "--out", "{out}"), "file", DEMO),
+    Item("suffix-latency", "prompt-mode vs suffix-mode gate latency at ~1,900 tokens, demo model", 2,
+         ("{python}", "-m", "gatehead.benchmarks.suffix_latency", "--out", "{out}"), "file", DEMO_BOTH),
+    Item("fidelity", "fidelity and tensor-parallel tests with their figures (tiny and demo models), as the suite "
+         "runs engines", 35, _pytest(*FIDELITY_TESTS), "file", DEMO, env={**SUITE_LAYOUT, **FIGURES_ENV},
+         ok_codes=(0, 1)),
+    Item("fidelity-emulated", "the same as a CPU with AVX-512F and no bf16 computes (GATEHEAD_TEST_CPU_ISA=avx512): "
+         "dtype auto runs fp32 there", 35, _pytest(*FIDELITY_TESTS), "file", DEMO,
+         env={**SUITE_LAYOUT, **FIGURES_ENV, "GATEHEAD_TEST_CPU_ISA": "avx512"}, ok_codes=(0, 1)),
+    Item("fidelity-avx2", "the same as an AVX2 CPU without AVX-512 computes (GATEHEAD_TEST_CPU_ISA=avx2): "
+         "dtype auto runs fp32 there, and the fp32 rules are judged", 25, _pytest(*FIDELITY_TESTS), "file", DEMO,
+         env={**SUITE_LAYOUT, **FIGURES_ENV, "GATEHEAD_TEST_CPU_ISA": "avx2"}, ok_codes=(0, 1)),
+    Item("soak", "the comparing soak: a real server under mixed load and faults for 600 s, then each request alone",
+         13, _pytest("tests/integration/server/test_soak.py"), "file", DEMO,
+         env={**SUITE_LAYOUT, **FIGURES_ENV, "GATEHEAD_SOAK_SECONDS": "600"}, ok_codes=(0, 1)),
+    Item("gpu-branch", "the branch against a dedicated gate at a 27B-like shape, PyTorch alone: needs a CUDA GPU",
+         5, ("bash", "-c", "set -e; mkdir -p {dir}; for i in 1 2 3; do {python} -m gatehead.benchmarks.gpu_branch "
+             "> {dir}/run$i.json; done; {python} -m gatehead.benchmarks.gpu_branch --combine {dir}/run1.json "
+             "{dir}/run2.json {dir}/run3.json > {out}"), "file", (), cuda=True),
+    Item("bench-demo", "gatehead bench, every setup and workload, demo model", 35,
+         ("{gatehead}", "bench", "--model", "demo", "--block-size", "32", "--out", "{out}"), "file", DEMO_BOTH),
+    Item("bench-demo-priority", "the answer after or beside the gate, first come or by priority, demo model", 10,
+         ("{gatehead}", "bench", "--model", "demo", "--block-size", "32", "--setups", "a_suffix", "a_overlap",
+          "a_suffix_prio", "a_overlap_prio", "c0_stock", "--workloads", "single", "multi", "refuse", "--out", "{out}"),
+         "file", DEMO_BOTH),
+    Item("bench-random", "gatehead bench on the 0.36 B random model (where the targets are set)", 360,
+         ("{gatehead}", "bench", "--model", "random", "--block-size", "32", "--memory-fraction", "0.2",
+          "--out", "{out}"), "file", RANDOM, limit_minutes=600),
+)
+
+
+def by_name(names: Sequence[str]) -> list[Item]:
+    known = {item.name: item for item in ITEMS}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown figures item(s) {unknown}; known: {sorted(known)}")
+    return [known[n] for n in names]
+

@@ -1,0 +1,120 @@
+"""The pages' figure blocks, rendered from `gatehead figures` envelopes.
+
+A figure table on a page sits between `<!-- figures SOURCE VIEW -->` and `<!-- /figures -->`: SOURCE is
+one envelope under `docs/figures/` (or several, comma-separated, for the views that compare), VIEW names the
+renderer (`figures.views.VIEWS`). `gatehead figures --readme` rewrites every block from its envelopes; the
+test suite renders them again and fails on any difference, on a source that is not an envelope, and on a
+block measured with uncommitted changes. An envelope of an earlier model or adapter renders as one line
+saying that it is not yet measured on the committed one, and what measures it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from gatehead.figures.items import ROOT, by_name
+from gatehead.figures.runner import fingerprints
+from gatehead.figures.views import VIEWS
+
+PAGES = ("README.md", "docs/figures.md", "docs/demo-model.md")  # the pages whose figure blocks are rendered
+BLOCK = re.compile(r"<!-- figures (?P<source>\S+) (?P<view>\S+) -->\n(?P<body>.*?)<!-- /figures -->", re.S)
+LIVE = "docs/figures"  # the envelopes the pages render; every one is rendered by a block
+ARCHIVE = "docs/history"  # earlier results, each named by a page that says what it was
+
+
+class NotAnEnvelope(ValueError):
+    """A block's source is not a `gatehead figures` envelope."""
+
+
+def load_envelope(source: str, root: Path = ROOT) -> dict:
+    data = json.loads((root / source).read_text())
+    if not (isinstance(data, dict) and {"item", "fingerprints", "results", "commit"} <= data.keys()):
+        raise NotAnEnvelope(f"{source}: not a `gatehead figures` envelope (a block renders only what "
+                            "`gatehead figures` measured, with its commit and fingerprints)")
+    return data
+
+
+def stale(envelope: dict, root: Path = ROOT) -> bool:
+    """Whether an envelope was measured on other weights than the committed model and adapter."""
+    return envelope["fingerprints"] != fingerprints(by_name([envelope["item"]])[0], root)
+
+
+def render_block(source: str, view: str, root: Path = ROOT) -> str:
+    """A block's body: the view of its envelopes; where any of them was measured on an earlier model or
+    adapter, one line saying so and what re-measures it (an old model's table is never shown as the
+    committed model's); where any was measured with uncommitted changes, a last line saying so."""
+    if view not in VIEWS:
+        raise ValueError(f"unknown figures view {view!r}; known: {sorted(VIEWS)}")
+    envelopes = [load_envelope(one, root) for one in source.split(",")]
+    old = list(dict.fromkeys(f"`gatehead figures --only {e['item']}`" for e in envelopes if stale(e, root)))
+    if old:
+        return (f"*Not yet measured on the committed demo model (these figures were measured on an earlier model "
+                f"or adapter): {', '.join(old)}.*\n")
+    body = VIEWS[view](envelopes)
+    dirty = [f"{e['item']} at {e['commit'][:7]}" for e in envelopes if e.get("dirty")]
+    if dirty:
+        body += f"\n*Measured with uncommitted changes ({', '.join(dirty)}): not a committed figure.*\n"
+    return body
+
+
+def readme_problems(text: str, root: Path = ROOT) -> list[str]:
+    """What is wrong with a page's figure blocks: missing sources, sources that are not envelopes, figures
+    measured with uncommitted changes, and bodies that are not their sources' rendering."""
+    problems = []
+    for match in BLOCK.finditer(text):
+        source, view = match["source"], match["view"]
+        missing = [s for s in source.split(",") if not (root / s).exists()]
+        if missing:
+            problems.extend(f"{s}: missing" for s in missing)
+            continue
+        try:
+            envelopes = [load_envelope(one, root) for one in source.split(",")]
+        except NotAnEnvelope as exc:
+            problems.append(str(exc))
+            continue
+        problems.extend(f"{one}: measured with uncommitted changes (commit {e['commit'][:7]})"
+                        for one, e in zip(source.split(","), envelopes, strict=True)
+                        if e.get("dirty") and not stale(e, root))
+        if render_block(source, view, root) != match["body"]:
+            problems.append(f"{source} ({view}): the page's table differs from the file's figures")
+    return problems
+
+
+def unrendered(root: Path = ROOT, pages: tuple[str, ...] = PAGES) -> list[str]:
+    """Results files no page accounts for: an envelope under `docs/figures/` that no block renders, a file
+    under `docs/history/` that no page names, and any file under a results folder outside those two."""
+    texts = [(root / page).read_text() for page in pages]
+    texts += [p.read_text() for p in sorted((root / "docs").glob("*.md")) if p.name not in pages]
+    sources = {one for text in texts for m in BLOCK.finditer(text) for one in m["source"].split(",")}
+    found = [str(p.relative_to(root)) for p in sorted((root / LIVE).glob("*")) if p.is_file()
+             and str(p.relative_to(root)) not in sources]
+    named = set(re.findall(rf"{ARCHIVE}/[^\s`'\")\]]+", "\n".join(texts)))  # the archive paths pages name
+    for path in sorted((root / ARCHIVE).rglob("*")):
+        folders = [f"{parent.relative_to(root)}/" for parent in path.parents if root / ARCHIVE in parent.parents]
+        if path.is_file() and str(path.relative_to(root)) not in named and not named.intersection(folders):
+            found.append(str(path.relative_to(root)))
+    for folder in ("benchmarks/results", "evals/results"):
+        found += [str(p.relative_to(root)) for p in sorted((root / folder).rglob("*")) if p.is_file()]
+    return found
+
+
+def rewrite_readme(path: Path, root: Path = ROOT, missing: list[str] | None = None) -> int:
+    """Re-render every figure block of `path` whose files exist (the others, named in `missing`, stay as
+    they are); returns how many blocks changed."""
+    text, changed = path.read_text(), 0
+
+    def fill(match: re.Match) -> str:
+        nonlocal changed
+        absent = [s for s in match["source"].split(",") if not (root / s).exists()]
+        if absent:
+            if missing is not None:
+                missing.extend(absent)
+            return match.group(0)
+        body = render_block(match["source"], match["view"], root)
+        changed += body != match["body"]
+        return f"<!-- figures {match['source']} {match['view']} -->\n{body}<!-- /figures -->"
+
+    path.write_text(BLOCK.sub(fill, text))
+    return changed

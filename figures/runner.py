@@ -1,0 +1,155 @@
+"""Running an item: its command as a subprocess with a time limit, and the envelope it writes
+(`docs/figures/<item>.json`: command, commit and dirty flag, date, seconds, machine, fingerprints, results).
+Sealed data: an item that reads the demo's test split refuses a second reading of the same weights unless
+asked (`reread`), and a dirty tree is measured only when asked (`allow_dirty`)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+from gatehead import provenance
+from gatehead.figures.items import FIGURES_DIR, FIGURES_ENV, LEDGER, ROOT, SUITE_LAYOUT, Item
+from gatehead.provenance import fingerprint
+
+
+def fingerprints(item: Item, root: Path = ROOT) -> dict[str, str]:
+    return {role: fingerprint(root / rel) for role, rel in item.fingerprints}
+
+
+# ----- running -------------------------------------------------------------------------------------
+
+
+def _fill(out: Path, folder: Path) -> dict[str, str]:
+    return {"{python}": sys.executable, "{gatehead}": str(Path(sys.executable).with_name("gatehead")),
+            "{out}": str(out), "{dir}": str(folder)}
+
+
+def _filled(text: str, fill: Mapping[str, str]) -> str:
+    for placeholder, value in fill.items():
+        text = text.replace(placeholder, value)
+    return text
+
+
+def command_line(item: Item, out: Path, folder: Path) -> list[str]:
+    fill = _fill(out, folder)
+    return [_filled(arg, fill) for arg in item.argv]
+
+
+def environment(item: Item, out: Path, folder: Path) -> dict[str, str]:
+    """The item's process environment: this one's, the item's own settings (placeholders filled in), and
+    vLLM's default process layout unless the item asks for the suite's."""
+    fill = _fill(out, folder)
+    env = {**os.environ, **{k: _filled(v, fill) for k, v in item.env.items()}}
+    for name in (*SUITE_LAYOUT, *FIGURES_ENV):
+        if name not in item.env:
+            env.pop(name, None)
+    return env
+
+
+def shown(item: Item) -> str:
+    """The command as a person would type it from the repository root."""
+    fill = {"{python}": "python", "{gatehead}": "gatehead", "{out}": "OUT.json", "{dir}": "OUT"}
+    env = " ".join(f"{k}={_filled(v, fill)}" for k, v in item.env.items())
+    return " ".join(filter(None, [env, shlex.join(_filled(a, fill) for a in item.argv)]))
+
+
+def _progress(label: str, expected_s: float, done: threading.Event) -> None:
+    from tqdm import tqdm
+
+    with tqdm(total=round(expected_s), desc=label, unit="s", leave=True, file=sys.stderr,
+              bar_format="{desc}: {bar} {n_fmt}/{total_fmt} s expected") as bar:
+        started = time.monotonic()
+        while not done.wait(1.0):
+            elapsed = round(time.monotonic() - started)
+            bar.total = max(bar.total, elapsed)
+            bar.update(elapsed - bar.n)
+
+
+def _results(item: Item, out: Path, folder: Path, stdout: str) -> dict:
+    if item.results == "file":
+        return json.loads(out.read_text())
+    if item.results == "dir":
+        return json.loads((folder / "result.json").read_text())
+    return json.loads(stdout)
+
+
+def sealed_read(item: Item, figures_dir: Path, root: Path = ROOT) -> bool:
+    """Whether the model and adapter committed now were already measured on a sealed item's test split:
+    its file holds such a reading, or the ledger records one (`demo.sealed`, any command that read it)."""
+    from gatehead.demo.sealed import readings
+
+    if not item.sealed:
+        return False
+    now = fingerprints(item, root)
+    path = figures_dir / f"{item.name}.json"
+    if path.exists() and json.loads(path.read_text()).get("fingerprints") == now:
+        return True
+    return bool(readings({k: v for k, v in now.items() if k in ("model", "adapter")}, root / LEDGER))
+
+
+def run_item(item: Item, figures_dir: Path = FIGURES_DIR, root: Path = ROOT, reread: bool = False,
+             log_dir: Path | None = None, allow_dirty: bool = False) -> dict:
+    """Run one item; on success write and return its envelope. Raises RuntimeError on failure, and before
+    running on a tree with uncommitted changes unless `allow_dirty` (the envelope then records `dirty`)."""
+    earlier = sealed_read(item, figures_dir, root)
+    if earlier and not reread:
+        raise RuntimeError(f"{item.name} reads sealed held-out data and was read on this model and adapter "
+                           f"({figures_dir / (item.name + '.json')}); --reread reads it again, as a development figure")
+    work = Path(tempfile.mkdtemp(prefix=f"figures-{item.name}-"))
+    out, folder = work / "result.json", work / "out"
+    log = (log_dir or work) / f"{item.name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = environment(item, out, folder)
+    # What `gatehead figures` itself writes (the envelopes, the ledger) does not make the measured code dirty.
+    commit, dirty = provenance.commit(root)
+    if commit is None:
+        raise RuntimeError(f"gatehead figures measures a git checkout's commit, and {root} is none")
+    if dirty and not allow_dirty:
+        raise RuntimeError(f"{root} has uncommitted changes: a figure measures a commit (commit first, or "
+                           "--dirty to measure anyway: the envelope and every block that renders it say so)")
+    done, started = threading.Event(), time.monotonic()
+    bar = threading.Thread(target=_progress, args=(item.name, 60 * item.minutes, done), daemon=True)
+    bar.start()
+    try:
+        with log.open("w") as stderr:  # a command whose results are not its stdout logs its stdout too
+            stdout = subprocess.PIPE if item.results == "stdout" else stderr
+            proc = subprocess.run(command_line(item, out, folder), cwd=root, env=env, stdout=stdout,
+                                  stderr=stderr, text=True, timeout=item.limit_s)
+    except subprocess.TimeoutExpired as exc:
+        raise RuntimeError(f"{item.name} ran past its limit of {item.limit_s / 60:.0f} min (log: {log})") from exc
+    finally:
+        done.set()
+        bar.join()
+    seconds = time.monotonic() - started
+    if proc.returncode not in item.ok_codes:
+        raise RuntimeError(f"{item.name} exited {proc.returncode} (log: {log})")
+    try:
+        results = _results(item, out, folder, proc.stdout)
+    except (OSError, ValueError) as exc:
+        raise RuntimeError(f"{item.name} wrote no readable results: {exc} (log: {log})") from exc
+    envelope = {
+        "item": item.name, "about": item.about, "command": shown(item), "exit_code": proc.returncode,
+        "commit": commit, "dirty": dirty,  # as the item started
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), "seconds": round(seconds, 1),
+        "machine": provenance.machine(), "fingerprints": fingerprints(item, root),
+        "reread": earlier,  # a development figure: these weights were measured on this test split before
+        "results": results,
+    }
+    figures_dir.mkdir(parents=True, exist_ok=True)
+    target = figures_dir / f"{item.name}.json"
+    partial = target.with_suffix(".json.tmp")
+    partial.write_text(json.dumps(envelope, indent=1) + "\n")
+    partial.replace(target)
+    return envelope
+
+

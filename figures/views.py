@@ -1,0 +1,293 @@
+"""The views of `gatehead figures` envelopes that the pages' figure blocks render: a table (and its first
+line: command, date, machine) per kind of results. The bench's tables live with the bench
+(`benchmarks.bench_report`); the rest read the evals', the demo kit's and the tests' results as written."""
+
+from __future__ import annotations
+
+
+def _bench_view(envelopes: list[dict]) -> str:
+    from gatehead.benchmarks.bench_report import readme_tables
+
+    [e] = envelopes
+    return readme_tables(e["results"])
+
+
+def _threads_view(envelopes: list[dict]) -> str:
+    from gatehead.benchmarks.bench_report import threads_table
+
+    [e] = envelopes
+    results = e["results"]
+    return f"`{results['command']}`, {results['date'][:10]}:\n\n" + threads_table(results)
+
+
+def _eval_figures(r: dict) -> str:
+    """One eval's result.json in a line: the figures its rule judges."""
+    if r["eval"] == "stability":
+        return "; ".join(f"{name}: {v['shared_vs_stock']['differing']} of {v['shared_vs_stock']['requests']} requests "
+                         f"differ, max abs dlogprob {v['shared_vs_stock']['max_abs_dlogprob']:.3g} (stock repeats "
+                         f"{v['stock_vs_stock']['differing']})" for name, v in r["variants"].items() if v.get("judged"))
+    if r["eval"] == "agreement":
+        return "; ".join(f"{name}: {p['flips']} flip{'' if p['flips'] == 1 else 's'}, max abs dp {p['max_dp']:.4f}"
+                         for name, p in r["pairs"].items())
+    if r["eval"] == "kv":
+        c, w, mib = r["capacity"], r["weights_bytes"], 1 << 20
+        return (f"stock {c['stock']['tokens']:,} tokens, shared {c['shared']['tokens']:,} ({r['kv_ratio']:.4f}); "
+                f"weights {w['one_engine'] / mib:.1f} MiB in one engine, {w['two_engines'] / mib:.1f} MiB in two")
+    if r["eval"] == "dataset":
+        recall = ", ".join(f"{k} {v:.3f}" for k, v in r["classes"]["recall"].items())
+        answers = r.get("answers") or {}
+        em = f"; answer EM {answers['exact_match']:.3f} over {answers['scored']}" if answers.get("scored") else ""
+        return (f"{r['questions']} questions: accuracy {r['accuracy']:.3f}, recall {recall}, ECE {r['ece']:.3f}, "
+                f"AURC {r['aurc']:.3f}, planted-instruction flips {r['injection_flip_rate']:.3f}{em}")
+    if r["eval"] == "threads":
+        f = r["figures"]
+        return (f"{f['threads']} threads, {f['turns']} turns: right value {_rate(f['right_value_on_answerable'])} of "
+                f"answerable turns, rewrites adding a name {f['rewrites_adding_a_name']['used']} used "
+                f"({f['rewrites_adding_a_name']['model']} written)")
+    raise ValueError(f"no README line for eval {r['eval']!r}")
+
+
+def _rate(x: dict) -> str:
+    return f"{x['rate']:.1%} ({x['right']} of {x['turns']})" if x["turns"] else "- (0 turns)"
+
+
+def _threads_eval_view(envelopes: list[dict]) -> str:
+    """`gatehead eval threads`: the hand-written threads through the whole agent, a row per figure."""
+    from gatehead.evals.run import table
+
+    [e] = envelopes
+    f = e["results"]["figures"]
+    rows = [["right value, answerable turns", _rate(f["right_value_on_answerable"])],
+            ["right value, answerable follow-ups", _rate(f["follow_ups_on_answerable"])],
+            ["refused where expected", _rate(f["refused_where_expected"])],
+            ["asked back where expected (nothing to refer to)", _rate(f["asked_back_where_expected"])],
+            *[[f"case: {case}", _rate(x)] for case, x in f["by_case"].items()],
+            ["rewrites adding a name: written by the model / used", f"{f['rewrites_adding_a_name']['model']} / "
+             f"{f['rewrites_adding_a_name']['used']}"],
+            ["answers flagged `grounded: false`", f["answers_flagged_ungrounded"]],
+            ["turns that failed", f["errors"]]]
+    return (_measured(e) + f"; {f['threads']} threads, {f['turns']} turns.\n\n" + table(["figure", "value"], rows))
+
+
+def _evals_view(envelopes: list[dict]) -> str:
+    from gatehead.evals.run import table
+
+    rows = [[e["item"], e["results"]["verdict"], _eval_figures(e["results"]), e["date"][:10],
+             f"{e['machine']['cpus']} cores, bf16 by {e['machine']['bf16']}"] for e in envelopes]
+    return table(["item", "verdict", "figures", "measured", "machine"], rows)
+
+
+def _measured(e: dict) -> str:
+    """An envelope's command, date and machine, as a table's first line begins."""
+    return f"`{e['command']}`: {e['date'][:10]}, {e['machine']['cpus']} cores (bf16 by {e['machine']['bf16']})"
+
+
+def _ttft_view(envelopes: list[dict]) -> str:
+    from gatehead.evals.run import table
+
+    [e] = envelopes
+    r = e["results"]
+    rows = [[name.replace("_", " "), w["requests"], f"{w['prompt_tokens_mean']:.0f}", f"{w['cached_tokens_mean']:.0f}",
+             f"{w['cold_ttft_ms_median']:.1f}", f"{w['after_gate_ttft_ms_median']:.1f}", f"{w['ratio_of_medians']:.2f}"]
+            for name, w in r.items() if isinstance(w, dict) and "ratio_of_medians" in w]
+    return (_measured(e) + ", "
+            f"{r.get('mode', '')}, {r.get('block_size')}-token blocks.\n\n" + table(
+                ["workload", "requests", "prompt tokens", "read from the gate's prefill", "TTFT cold ms",
+                 "TTFT after the gate ms", "ratio"], rows))
+
+
+def _suffix_latency_view(envelopes: list[dict]) -> str:
+    from gatehead.evals.run import table
+
+    [e] = envelopes
+    r = e["results"]
+    rows = [[f"{name} mode", g["prompt_tokens"], g["cached_tokens"][0], f"{g['median_s']:.3f}", f"{g['spread_s']:.3f}"]
+            for name, g in r["gates"].items()]
+    return (_measured(e) + "; "
+            f"prompt mode / suffix mode {r['median_ratio_prompt_over_suffix']:.1f}x.\n\n" + table(
+                ["gate", "prompt tokens", "read from the cache", "median s", "spread s"], rows))
+
+
+def _guard_view(envelopes: list[dict]) -> str:
+    from gatehead.evals.run import table
+
+    [e] = envelopes
+    r = e["results"]
+    rows = [[name.replace("_", " "), x["outputs"], x["tripped"], "-"] for name, x in r.items()
+            if name.startswith("clean_")]
+    rows += [[name.removeprefix("fault_").replace("_", " ") + " (injected)", x["outputs"], x["detected"],
+              f"{x['detected'] / x['outputs']:.1%}" if x["outputs"] else "-"] for name, x in r.items()
+             if name.startswith("fault_")]
+    rows += [[name.removeprefix("engine_kv_") + " KV blocks (engine fault)", x["outputs"],
+              f"{x['detected']} of {x['changed']} changed answers",
+              f"{x['detected'] / x['changed']:.1%}" if x["changed"] else "-"] for name, x in r.items()
+             if name.startswith("engine_kv_")]
+    took = f"{e['seconds'] / 60:.0f} min"
+    return (_measured(e) + ", "
+            f"{took}; improbable run: {r['guard']['improbable_run']} tokens below logprob "
+            f"{r['guard']['improbable_logprob']}.\n\n"
+            + table(["outputs", "n", "guard tripped / detected", "detection rate"], rows))
+
+
+SET_NAMES = {"template": "template", "phrased": "phrased, unseen families", "out_of_scope": "out of scope (refused)",
+             "handwritten": "typed by hand"}
+
+
+def _demo_sets_view(envelopes: list[dict]) -> str:
+    """`python -m gatehead.demo.build evaluate`'s figures, a row per evaluation set."""
+    from gatehead.evals.run import table
+
+    [e] = envelopes
+    results = e["results"]
+    rows = []
+    for name, v in results["sets"].items():
+        gate, recall = v["gate"], v["gate"]["recall"]
+        answered = f"{v['answer_exact_match']:.1%} ({v['answerable']})" if v["answerable"] else ""
+        recalls = (" / ".join(f"{100 * recall[c]:.1f}" for c in ("answer", "refuse", "search")) + "%"
+                   if v["answerable"] else "")
+        rows.append([f"{results['split']}: {SET_NAMES.get(name, name)}", v["questions"], f"{gate['accuracy']:.1%}",
+                     answered, recalls])
+    return (f"`{results['command']}` ({results['device']}):\n\n"
+            + table(["set", "questions", "gate accuracy", "answer exact match", "recall answer / refuse / search"],
+                    rows))
+
+
+def _small(x: float, fmt: str) -> str:
+    """`x` in `fmt`, or in two significant digits where `fmt` would show a nonzero value as zero."""
+    return f"{x:.1e}" if 0 < abs(x) < 1e-4 else f"{x:{fmt}}"
+
+
+def _figure_cell(value) -> str:
+    """One recorded test figure (tests/conftest.py `record_figure`) in a table cell, by its shape."""
+    if isinstance(value, dict) and "shared_vs_stock" in value:  # a StabilityResult
+        a, b = value["shared_vs_stock"], value["stock_vs_stock"]
+        return (f"{a['differing']} of {a['requests']} requests differ, max |dlogprob| {a['max_abs_dlogprob']:.3g} "
+                f"(stock vs stock: {b['differing']} differ)" + ("" if value["passed"] else "; **fails**"))
+    if isinstance(value, dict) and "mix_a" in value:  # an Agreement
+        mix = ", ".join(f"{k} {n}" for k, n in sorted(value["mix_a"].items()))
+        return (f"{value['flips']} flip{'' if value['flips'] == 1 else 's'} of {value['n']}, max / mean |dp| "
+                f"{_small(value['max_dp'], '.4f')} / {_small(value['mean_dp'], '.5f')} ({mix})")
+    if isinstance(value, dict) and value and all(isinstance(v, list) and len(v) == 2 for v in value.values()):
+        return "; ".join(f"{name}: {fig:.4f}{' <=' if fig <= bound else ' **>**'} "
+                         f"{bound:.4f}" for name, (fig, bound) in value.items())  # (figure, bound) pairs
+    if isinstance(value, dict) and "within_noise" in value:
+        return (f"{value['flips']} flips of {value['gates']}; {value['within_noise']} gates lie within bf16's noise "
+                f"({value['noise']:.4f}) of a threshold")
+    if isinstance(value, dict) and "preemptions" in value and "max_dp" in value:
+        return f"max |dp| {value['max_dp']:.2g}, {value['preemptions']} preemptions"
+    if isinstance(value, dict):
+        return ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in value.items())
+    return str(value)
+
+
+def _bf16_path(e: dict) -> str:
+    isa, dtype = e["results"].get("cpu_isa"), e["results"].get("dtype")  # dtype: recorded since dtype auto
+    if isa in ("avx512", "avx2") and dtype == "float32":
+        kind = {"avx512": "AVX-512F", "avx2": "AVX2"}[isa]
+        return f"fp32 as an {kind} CPU (on a {e['machine']['bf16']} host)"
+    emulated = isa == "avx512"
+    return f"emulated bf16 (on a {e['machine']['bf16']} host)" if emulated else f"bf16 by {e['machine']['bf16']}"
+
+
+def _outcomes(e: dict) -> str:
+    counts: dict[str, int] = {}
+    for outcome in e["results"].get("tests", {}).values():
+        counts[outcome] = counts.get(outcome, 0) + 1
+    return ", ".join(f"{n} {outcome}" for outcome, n in sorted(counts.items())) or "no tests recorded"
+
+
+def _tests_view(envelopes: list[dict], prefix: str) -> str:
+    """Figures recorded by tests, keys under `prefix`: a row each, a column per envelope (a kind of bf16)."""
+    from gatehead.evals.run import table
+
+    keys: dict[str, str] = {}
+    for e in envelopes:
+        for key, figure in e["results"]["figures"].items():
+            if key.startswith(prefix):
+                keys.setdefault(key, figure["label"])
+    rows = [[label] + [_figure_cell(e["results"]["figures"][key]["value"]) if key in e["results"]["figures"] else "-"
+                       for e in envelopes] for key, label in keys.items()]
+    header = "\n".join(f"- {_bf16_path(e)}: " + _measured(e) + f"; tests {_outcomes(e)}" for e in envelopes)
+    return header + "\n\n" + table(["check", *(_bf16_path(e) for e in envelopes)], rows)
+
+
+def _soak_view(envelopes: list[dict]) -> str:
+    from gatehead.evals.run import table
+
+    [e] = envelopes
+    figures = e["results"]["figures"]
+    load, alone = figures["soak/load"]["value"], figures["soak/alone"]["value"]
+    rows = [[what, n] for what, n in sorted(load["outcomes"].items())]
+    return (_measured(e) + f"; tests {_outcomes(e)}. {load['clients']} clients for {load['soak_seconds']:.0f} s: "
+            f"{load['completed']:,} requests completed, {load['preemptions']:,} preemptions, "
+            f"{load['pressure_generations']} pressure generations, {load['canary_checks']} canary checks "
+            f"({load['canary_failed_checks']} failed). Against the same requests alone ({alone['compared']:,} "
+            f"compared): gate max |dp| {alone['gate_max_dp']:.2g}, generations differing "
+            f"{alone['generations_differing_otherwise']} "
+            f"(at a near tie: {alone['generations_differing_at_a_near_tie']})."
+            "\n\n" + table(["requests", "n"], rows))
+
+
+def _mode(results: dict) -> str:
+    return "suffix mode" if "adapter-suffix" in results["command"] else "prompt mode"
+
+
+def _gate_modes_view(envelopes: list[dict]) -> str:
+    """Gate accuracy and refuse recall per evaluation set, a column per `demo.build evaluate` envelope."""
+    from gatehead.evals.run import table
+
+    many = [e["results"] for e in envelopes]
+    sets = [name for name in many[0]["sets"] if all(name in r["sets"] for r in many)]
+    rows = [[SET_NAMES.get(name, name), many[0]["sets"][name]["questions"]]
+            + [f"{r['sets'][name]['gate']['accuracy']:.1%}, {r['sets'][name]['gate']['recall']['refuse']:.1%}"
+               for r in many] for name in sets]
+    sources = "; ".join(f"{_mode(r)}: `{r['command']}` ({r['device']})" for r in many)
+    return (sources + "\n\n" + table([f"{many[0]['split']} set", "questions",
+                                        *(f"{_mode(r)}: accuracy, refuse recall" for r in many)], rows))
+
+
+def _spread(m: dict, fmt: str) -> str:
+    """A median with its (min-max), as `benchmarks/gpu_branch.py --combine` writes them."""
+    return f"{m['median']:{fmt}} ({m['min']:{fmt}}-{m['max']:{fmt}})"
+
+
+def _gpu_branch_view(envelopes: list[dict]) -> str:
+    """`benchmarks/gpu_branch.py`'s combined runs: the branch against a dedicated gate at a 27B-like shape."""
+    from gatehead.evals.run import table
+
+    [e] = envelopes
+    r = e["results"]
+    prompt = table(["gate prompt", "dedicated full forward ms", "shared engine's branch ms", "ratio"],
+                   [[f"{t['prompt_tokens']:,} tokens", _spread(t["dedicated_full_forward"], ".1f"),
+                     _spread(t["shared_branch_marginal"], ".2f"), _spread(t["ratio"], ".3f")] for t in r["timings_ms"]])
+    suffix = table(["cached prefix", "dedicated, full", "dedicated, prefix cached", "suffix branch, eager", "/ full",
+                    "/ prefix cached", "CUDA graph", "/ full"],
+                   [[f"{t['cached_prefix_tokens']:,} tokens", _spread(t["dedicated_full_forward"], ".1f"),
+                     _spread(t["dedicated_prefix_cached"], ".1f"), _spread(t["suffix_branch"], ".2f"),
+                     _spread(t["ratio"], ".4f"), _spread(t["ratio_to_prefix_cached"], ".3f"),
+                     _spread(t["suffix_branch_cuda_graph"], ".2f"), _spread(t["ratio_cuda_graph"], ".4f")]
+                    for t in r["suffix_mode_ms"]])
+    batched = table(["8 gate prompts of", "sequential ms", "batched ms", "ratio",
+                     "max \\|logit\\| batched vs sequential"],
+                    [[f"{min(b['prompt_tokens']):,}-{max(b['prompt_tokens']):,} tokens",
+                      _spread(b["sequential"], ".1f"),
+                      _spread(b["batched"], ".1f"), _spread(b["ratio"], ".2f"),
+                      f"{b['max_abs_logit_batched_vs_sequential']['max']:.3f}"]
+                     for b in r["batched_prompt_mode_ms"].values()])
+    shape, w = r["shape"], r["weights_gib"]
+    return (f"{e['date'][:10]}, commit {e['commit'][:7]}: {r['gpu']}, torch {r['torch']}; "
+            f"{r['parameters_billion']} B parameters ({shape['num_hidden_layers']} "
+            f"layers, hidden {shape['hidden_size']}), k={r['k']}, LoRA r={r['lora_rank']}; medians (min-max) over "
+            f"{r['runs']} runs, each the median of 5 repeats. Prompt-mode gate (the branch over every tapped row):"
+            "\n\n" + prompt + "\nSuffix-mode gate after a cached prefix (ms):\n\n" + suffix
+            + "\nBatched prompt-mode branch, one pass against one after another:\n\n" + batched
+            + f"\nWeights: one shared engine {w['one_shared_engine']} GiB, generation beside a dedicated gate engine "
+            f"{w['two_engines']} GiB.\n")
+
+
+# Every view renders `gatehead figures` envelopes: one, or several (comma-separated sources) where it says so.
+VIEWS = {"bench": _bench_view, "bench-threads": _threads_view, "demo-sets": _demo_sets_view,
+         "gpu-branch": _gpu_branch_view, "gate-modes": _gate_modes_view, "evals": _evals_view,
+         "threads-eval": _threads_eval_view, "agent-ttft": _ttft_view, "suffix-latency": _suffix_latency_view,
+         "guard-rates": _guard_view, "tests-tiny": lambda e: _tests_view(e, "tiny/"),
+         "tests-demo": lambda e: _tests_view(e, "demo/"), "soak": _soak_view}
