@@ -66,20 +66,29 @@ def _threads_eval_view(envelopes: list[dict]) -> str:
              f"{f['rewrites_adding_a_name']['used']}"],
             ["answers flagged `grounded: false`", f["answers_flagged_ungrounded"]],
             ["turns that failed", f["errors"]]]
-    return (_measured(e) + f"; {f['threads']} threads, {f['turns']} turns.\n\n" + table(["figure", "value"], rows))
+    from gatehead.demo.targets import outcome_line, threads_targets
+
+    return (_measured(e) + f"; {f['threads']} threads, {f['turns']} turns.\n\n" + table(["figure", "value"], rows)
+            + outcome_line(threads_targets(f)))
 
 
 def _evals_view(envelopes: list[dict]) -> str:
     from gatehead.evals.run import table
 
     rows = [[e["item"], e["results"]["verdict"], _eval_figures(e["results"]), e["date"][:10],
-             f"{e['machine']['cpus']} cores, bf16 by {e['machine']['bf16']}"] for e in envelopes]
+             f"{e['machine']['cpus']} cores, {_bf16(e)}"] for e in envelopes]
     return table(["item", "verdict", "figures", "measured", "machine"], rows)
 
 
 def _measured(e: dict) -> str:
     """An envelope's command, date and machine, as a table's first line begins."""
-    return f"`{e['command']}`: {e['date'][:10]}, {e['machine']['cpus']} cores (bf16 by {e['machine']['bf16']})"
+    return f"`{e['command']}`: {e['date'][:10]}, {e['machine']['cpus']} cores ({_bf16(e)})"
+
+
+def _bf16(e: dict) -> str:
+    """The host's bf16 path, as a figure's machine is described."""
+    path = e["machine"]["bf16"]
+    return "no native bf16: dtype auto runs fp32" if path == "emulated" else f"bf16 by {path}"
 
 
 def _ttft_view(envelopes: list[dict]) -> str:
@@ -147,9 +156,11 @@ def _demo_sets_view(envelopes: list[dict]) -> str:
                    if v["answerable"] else "")
         rows.append([f"{results['split']}: {SET_NAMES.get(name, name)}", v["questions"], f"{gate['accuracy']:.1%}",
                      answered, recalls])
+    from gatehead.demo.targets import demo_sets_targets, outcome_line
+
     return (f"`{results['command']}` ({results['device']}):\n\n"
             + table(["set", "questions", "gate accuracy", "answer exact match", "recall answer / refuse / search"],
-                    rows))
+                    rows) + outcome_line(demo_sets_targets(results)))
 
 
 def _small(x: float, fmt: str) -> str:
@@ -184,9 +195,9 @@ def _bf16_path(e: dict) -> str:
     isa, dtype = e["results"].get("cpu_isa"), e["results"].get("dtype")  # dtype: recorded since dtype auto
     if isa in ("avx512", "avx2") and dtype == "float32":
         kind = {"avx512": "AVX-512F", "avx2": "AVX2"}[isa]
-        return f"fp32 as an {kind} CPU (on a {e['machine']['bf16']} host)"
+        return f"fp32 as an {kind} CPU (on a host with {_bf16(e)})"
     emulated = isa == "avx512"
-    return f"emulated bf16 (on a {e['machine']['bf16']} host)" if emulated else f"bf16 by {e['machine']['bf16']}"
+    return f"emulated bf16 (on a host with {_bf16(e)})" if emulated else _bf16(e)
 
 
 def _outcomes(e: dict) -> str:

@@ -164,8 +164,8 @@ def test_recorded_test_figures_reach_an_envelope_and_its_table(record_figure, mo
     as_avx2 = json.loads(json.dumps(emulated))
     as_avx2["results"].update(cpu_isa="avx2", dtype="float32")  # dtype auto as an AVX2 CPU
     table = figures.VIEWS["tests-tiny"]([envelope, emulated, as_avx2])
-    assert "tests 1 failed, 1 passed" in table and "emulated bf16 (on a AVX-512 BF16 host)" in table
-    assert "bf16 by AVX-512 BF16" in table and "fp32 as an AVX2 CPU (on a AVX-512 BF16 host)" in table
+    assert "tests 1 failed, 1 passed" in table and "emulated bf16 (on a host with bf16 by AVX-512 BF16)" in table
+    assert "bf16 by AVX-512 BF16" in table and "fp32 as an AVX2 CPU (on a host with bf16 by AVX-512 BF16)" in table
     rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines() if line.startswith("| ")}
     assert "0 of 64 requests differ" in rows["answer stability"]
     assert "3 of 64 requests differ" in rows["negative control"] and "**fails**" in rows["negative control"]
