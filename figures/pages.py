@@ -44,7 +44,8 @@ def stale(envelope: dict, root: Path = ROOT) -> bool:
 def render_block(source: str, view: str, root: Path = ROOT) -> str:
     """A block's body: the view of its envelopes; where any of them was measured on an earlier model or
     adapter, one line saying so and what re-measures it (an old model's table is never shown as the
-    committed model's); where any was measured with uncommitted changes, a last line saying so."""
+    committed model's); where any read sealed test data a second time, or was measured with uncommitted
+    changes, a last line saying so."""
     if view not in VIEWS:
         raise ValueError(f"unknown figures view {view!r}; known: {sorted(VIEWS)}")
     envelopes = [load_envelope(one, root) for one in source.split(",")]
@@ -53,6 +54,10 @@ def render_block(source: str, view: str, root: Path = ROOT) -> str:
         return (f"*Not yet measured on the committed demo model (these figures were measured on an earlier model "
                 f"or adapter): {', '.join(old)}.*\n")
     body = VIEWS[view](envelopes)
+    again = [e["item"] for e in envelopes if e.get("reread")]
+    if again:
+        body += (f"\n*Development figure ({', '.join(again)}): these weights had been measured on this test split "
+                 "before (`evals/demo-ledger.jsonl`), so it was not read once.*\n")
     dirty = [f"{e['item']} at {e['commit'][:7]}" for e in envelopes if e.get("dirty")]
     if dirty:
         body += f"\n*Measured with uncommitted changes ({', '.join(dirty)}): not a committed figure.*\n"

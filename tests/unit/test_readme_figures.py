@@ -77,6 +77,14 @@ def test_a_figure_measured_with_uncommitted_changes_says_so_and_fails_the_check(
         f"{SOURCE}: measured with uncommitted changes (commit 0123456)"]
 
 
+def test_a_second_reading_of_test_data_is_called_a_development_figure(tmp_path: Path) -> None:
+    envelope = _repo(tmp_path)
+    clean = render_block(SOURCE, "bench", tmp_path)
+    (tmp_path / SOURCE).write_text(json.dumps({**envelope, "reread": True}))
+    body = render_block(SOURCE, "bench", tmp_path)
+    assert body.startswith(clean) and "*Development figure (bench-demo): these weights had been measured" in body
+
+
 def test_unrendered_results_files_are_found(tmp_path: Path) -> None:
     _repo(tmp_path)
     (tmp_path / "docs/history/results/old").mkdir(parents=True)
