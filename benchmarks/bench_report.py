@@ -239,94 +239,125 @@ def _dtype_line(figures: dict) -> str:
 
 def readme_tables(figures: dict) -> str:
     """The README's summary of one `gatehead bench` results file (the README's figure blocks render this)."""
-    from gatehead.evals.run import table as markdown_table
+    setups = figures["setups"]
+    levels = sorted({int(k.removeprefix("single_c")) for s in setups.values() for k in s if k.startswith("single_")})
+    parts = [_header(figures), _ratios_table(figures, levels), _setups_table(setups, levels),
+             _refused_table(setups, levels)]
+    threads = threads_table(figures)
+    if threads:
+        parts.append(f"Five-turn threads, e2e p50 against ({denominator(setups)[1]}) per turn, and the gate's mean ms "
+                     "per turn:\n\n" + threads)
+    parts += [_prefix_table(figures), _memory_line(figures)]
+    met = [f"{TARGET_TEXT.get(k, k)}: {'**met**' if v['met'] else '**not met**'}"
+           for k, v in figures.get("targets", {}).items()]
+    if met:
+        parts.append("Targets (`targets` in the JSON, on the medians): " + "; ".join(met) + ".")
+    return "\n\n".join(p.strip() for p in parts if p) + "\n"
 
-    setups, r = figures["setups"], figures["ratios"]
-    m = figures.get("machine", {})
+
+def _header(figures: dict) -> str:
+    setups, m = figures["setups"], figures.get("machine", {})
     minutes = figures.get("seconds", 0) / 60
     took = f"{int(minutes // 60)} h {round(minutes % 60)} min" if minutes >= 60 else f"{minutes:.0f} min"
     header = (f"`{figures['command']}`: {figures.get('date', '')[:10]}, {m.get('cpus')} cores "
               f"({_dtype_line(figures)}), {took}. Medians over {figures['config']['runs']} runs, (min-max) of "
               "the run-by-run ratios:")
-    levels = sorted({int(k.removeprefix("single_c")) for s in setups.values() for k in s if k.startswith("single_")})
     two = [b for b in TWO_ENGINES if b in setups]
     if "c0_stock" in setups:  # files from before (c0) ran name no binding
         if two:
             header += (" (b) is taken at its better binding at each concurrency (" + " or ".join(
                 SETUP_NAMES[b].rsplit(", ", 1)[-1] for b in two) + ");")
         header += " end-to-end ratios are over (c0), stock vLLM with gatehead's plugin left out."
-    parts = [header]
-    rows = []
-    for label, key in (("turns/s (a'-overlap) / (b)", "throughput_a_overlap_over_b"),
-                       ("turns/s (a') / (b)", "throughput_a_suffix_over_b"),
-                       ("turns/s (a) / (b)", "throughput_a_prompt_over_b"),
-                       ("e2e p50 (a'-overlap) / (c0)", "e2e_p50_a_overlap_over_c0"),
-                       ("e2e p50 (a') / (c0)", "e2e_p50_a_suffix_over_c0"),
-                       ("e2e p50 (a'-overlap-prio) / (c0)", "e2e_p50_a_overlap_prio_over_c0"),
-                       ("e2e p50 (a'-prio) / (c0)", "e2e_p50_a_suffix_prio_over_c0"),
-                       ("e2e p50 (a) / (c0)", "e2e_p50_a_prompt_over_c0"),
-                       ("e2e p50 (c) / (c0): the plugin", "e2e_p50_c_ungated_over_c0"),
-                       ("turns/s (c) / (c0): the plugin", "throughput_c_ungated_over_c0"),
-                       ("e2e p50 (a') / (c)", "e2e_p50_a_suffix_over_c"),
-                       ("e2e p50 (a) / (c)", "e2e_p50_a_prompt_over_c")):
-        if all(f"single_c{c}_{key}" in r for c in levels):
-            rows.append([label] + [_ratio(r[f"single_c{c}_{key}"]) for c in levels])
-    parts.append(markdown_table([""] + [f"concurrency {c}" for c in levels], rows))
-    present = [s for s in SETUP_NAMES if s in setups]
+    return header
+
+
+_RATIO_ROWS = (("turns/s (a'-overlap) / (b)", "throughput_a_overlap_over_b"),
+               ("turns/s (a') / (b)", "throughput_a_suffix_over_b"),
+               ("turns/s (a) / (b)", "throughput_a_prompt_over_b"),
+               ("e2e p50 (a'-overlap) / (c0)", "e2e_p50_a_overlap_over_c0"),
+               ("e2e p50 (a') / (c0)", "e2e_p50_a_suffix_over_c0"),
+               ("e2e p50 (a'-overlap-prio) / (c0)", "e2e_p50_a_overlap_prio_over_c0"),
+               ("e2e p50 (a'-prio) / (c0)", "e2e_p50_a_suffix_prio_over_c0"),
+               ("e2e p50 (a) / (c0)", "e2e_p50_a_prompt_over_c0"),
+               ("e2e p50 (c) / (c0): the plugin", "e2e_p50_c_ungated_over_c0"),
+               ("turns/s (c) / (c0): the plugin", "throughput_c_ungated_over_c0"),
+               ("e2e p50 (a') / (c)", "e2e_p50_a_suffix_over_c"),
+               ("e2e p50 (a) / (c)", "e2e_p50_a_prompt_over_c"))
+
+
+def _ratios_table(figures: dict, levels: list[int]) -> str:
+    from gatehead.evals.run import table as markdown_table
+
+    r = figures["ratios"]
+    rows = [[label] + [_ratio(r[f"single_c{c}_{key}"]) for c in levels] for label, key in _RATIO_ROWS
+            if all(f"single_c{c}_{key}" in r for c in levels)]
+    return markdown_table([""] + [f"concurrency {c}" for c in levels], rows)
+
+
+def _setups_table(setups: dict, levels: list[int]) -> str:
+    from gatehead.evals.run import table as markdown_table
+
     slash = " / ".join(str(c) for c in levels)
     rows = [[SETUP_NAMES[s]] + [" / ".join(_n(setups[s][f"single_c{c}"][m]["median"], d) for c in levels)
                                  for m, d in (("turns_per_s", 3), ("gate_mean_ms", 0), ("ttft_mean_ms", 0),
-                                              ("e2e_p50_ms", 0))] for s in present]
-    parts.append(markdown_table([f"setup, concurrency {slash}", "turns/s", "gate ms", "answer TTFT ms",
-                                 "e2e p50 ms"], rows))
+                                              ("e2e_p50_ms", 0))] for s in SETUP_NAMES if s in setups]
+    return markdown_table([f"setup, concurrency {slash}", "turns/s", "gate ms", "answer TTFT ms", "e2e p50 ms"], rows)
+
+
+def _refused_table(setups: dict, levels: list[int]) -> str:
+    from gatehead.evals.run import table as markdown_table
+
     refused = [s for s in ("a_suffix", "a_overlap", *PRIORITY) if all(f"refuse_c{c}" in setups.get(s, {})
                                                                       for c in levels)]
-    if refused:
-        rows = [[SETUP_NAMES[s]] + [" / ".join(_n(setups[s][f"refuse_c{c}"][m]["median"], d) for c in levels)
-                                     for m, d in (("e2e_p50_ms", 0), ("wasted_tokens_mean", 1))] for s in refused]
-        parts.append("Refused turns (thresholds that refuse every turn): what a refused turn takes, and the decode "
-                     "tokens an answer started beside its gate made before the gate refused it:\n\n" + markdown_table(
-                         [f"setup, concurrency {slash}", "e2e p50 ms", "wasted answer tokens per turn"], rows))
-    threads = threads_table(figures)
-    if threads:
-        den = denominator(setups)
-        parts.append(f"Five-turn threads, e2e p50 against ({den[1]}) per turn, and the gate's mean ms per turn:\n\n"
-                     + threads)
-    if "prefix_reuse" in setups.get("a_suffix", {}):
-        judge = {x["target_tokens"]["median"]: x for x in setups.get("d_judge", {}).get("prefix_reuse", [])}
-        prompt = {x["target_tokens"]["median"]: x for x in setups.get("a_prompt", {}).get("prefix_reuse", [])}
-        over = r.get("prefix_gate_cached_a_suffix_over_d", {})
-        rows = []
-        for x in setups["a_suffix"]["prefix_reuse"]:
-            t = x["target_tokens"]["median"]
-            key = str(int(t)) if str(int(t)) in over else int(t)
-            rows.append([_n(x["gate_prompt_tokens"]["median"]), _n(x["gate_cached_prefix_ms"]["median"]),
-                         _n(judge[t]["gate_cached_prefix_ms"]["median"]) if t in judge else "",
-                         _n(prompt[t]["gate_cached_prefix_ms"]["median"]) if t in prompt else "",
-                         _ratio(over[key]) if key in over else "",
-                         f"{_n(x['after_gate_ttft_ms']['median'])}, {_n(x['cold_ttft_ms']['median'])}"])
-        parts.append("Gate latency after a cached prefix (ms), and the answer's time to first token right after "
-                     "(a') on the same prefix against cold:\n\n" + markdown_table(
-                         ["gate prompt tokens", "(a') suffix gate", "(d) prompted judge", "(a) prompt-mode gate",
-                          "(a') / (d)", "answer TTFT after (a'), cold"], rows))
+    if not refused:
+        return ""
+    slash = " / ".join(str(c) for c in levels)
+    rows = [[SETUP_NAMES[s]] + [" / ".join(_n(setups[s][f"refuse_c{c}"][m]["median"], d) for c in levels)
+                                 for m, d in (("e2e_p50_ms", 0), ("wasted_tokens_mean", 1))] for s in refused]
+    return ("Refused turns (thresholds that refuse every turn): what a refused turn takes, and the decode "
+            "tokens an answer started beside its gate made before the gate refused it:\n\n" + markdown_table(
+                [f"setup, concurrency {slash}", "e2e p50 ms", "wasted answer tokens per turn"], rows))
+
+
+def _prefix_table(figures: dict) -> str:
+    from gatehead.evals.run import table as markdown_table
+
+    setups, r = figures["setups"], figures["ratios"]
+    if "prefix_reuse" not in setups.get("a_suffix", {}):
+        return ""
+    judge = {x["target_tokens"]["median"]: x for x in setups.get("d_judge", {}).get("prefix_reuse", [])}
+    prompt = {x["target_tokens"]["median"]: x for x in setups.get("a_prompt", {}).get("prefix_reuse", [])}
+    over = r.get("prefix_gate_cached_a_suffix_over_d", {})
+    rows = []
+    for x in setups["a_suffix"]["prefix_reuse"]:
+        t = x["target_tokens"]["median"]
+        key = str(int(t)) if str(int(t)) in over else int(t)
+        rows.append([_n(x["gate_prompt_tokens"]["median"]), _n(x["gate_cached_prefix_ms"]["median"]),
+                     _n(judge[t]["gate_cached_prefix_ms"]["median"]) if t in judge else "",
+                     _n(prompt[t]["gate_cached_prefix_ms"]["median"]) if t in prompt else "",
+                     _ratio(over[key]) if key in over else "",
+                     f"{_n(x['after_gate_ttft_ms']['median'])}, {_n(x['cold_ttft_ms']['median'])}"])
+    return ("Gate latency after a cached prefix (ms), and the answer's time to first token right after "
+            "(a') on the same prefix against cold:\n\n" + markdown_table(
+                ["gate prompt tokens", "(a') suffix gate", "(d) prompted judge", "(a) prompt-mode gate",
+                 "(a') / (d)", "answer TTFT after (a'), cold"], rows))
+
+
+def _memory_line(figures: dict) -> str:
     memory, mib = figures.get("memory", {}), 1 << 20
-    if "weights_bytes" in memory:
-        line = (f"Weights: {_n(memory['weights_bytes']['one_engine'] / mib, 1)} MiB in one engine, "
-                f"{_n(memory['weights_bytes']['two_engines'] / mib, 1)} MiB in two.")
-        if "shared_suffix" in memory and "stock" in memory:
-            line += (f" KV tokens at memory fraction {figures['config']['memory_fraction']}: suffix-mode shared "
-                     f"{_n(memory['shared_suffix']['kv_tokens'])}, stock {_n(memory['stock']['kv_tokens'])} "
-                     f"({memory['kv_ratio_shared_suffix_vs_stock']:.4f})")
-            if "shared_prompt" in memory:
-                line += (f"; prompt-mode shared {_n(memory['shared_prompt']['kv_tokens'])} "
-                         f"({memory['kv_ratio_shared_prompt_vs_stock']:.4f})")
-            if "two_engines" in memory:
-                line += (f"; the two engines {_n(memory['two_engines']['generator_kv_tokens'])} and "
-                         f"{_n(memory['two_engines']['gate_kv_tokens'])}")
-            line += "."
-        parts.append(line)
-    met = [f"{TARGET_TEXT.get(k, k)}: {'**met**' if v['met'] else '**not met**'}"
-           for k, v in figures.get("targets", {}).items()]
-    if met:
-        parts.append("Targets (`targets` in the JSON, on the medians): " + "; ".join(met) + ".")
-    return "\n\n".join(p.strip() for p in parts) + "\n"
+    if "weights_bytes" not in memory:
+        return ""
+    line = (f"Weights: {_n(memory['weights_bytes']['one_engine'] / mib, 1)} MiB in one engine, "
+            f"{_n(memory['weights_bytes']['two_engines'] / mib, 1)} MiB in two.")
+    if "shared_suffix" in memory and "stock" in memory:
+        line += (f" KV tokens at memory fraction {figures['config']['memory_fraction']}: suffix-mode shared "
+                 f"{_n(memory['shared_suffix']['kv_tokens'])}, stock {_n(memory['stock']['kv_tokens'])} "
+                 f"({memory['kv_ratio_shared_suffix_vs_stock']:.4f})")
+        if "shared_prompt" in memory:
+            line += (f"; prompt-mode shared {_n(memory['shared_prompt']['kv_tokens'])} "
+                     f"({memory['kv_ratio_shared_prompt_vs_stock']:.4f})")
+        if "two_engines" in memory:
+            line += (f"; the two engines {_n(memory['two_engines']['generator_kv_tokens'])} and "
+                     f"{_n(memory['two_engines']['gate_kv_tokens'])}")
+        line += "."
+    return line

@@ -297,6 +297,65 @@ def combine(runs: list) -> object:
     return {"median": values[len(values) // 2], "min": values[0], "max": values[-1]}
 
 
+def prompt_mode_rows(model, adapters, head, device: str) -> list[dict]:
+    """The prompt-mode branch over every tapped row against a dedicated gate's full forward, per length."""
+    rows_out = []
+    for length in LENGTHS:
+        ids = torch.randint(0, SHAPE["vocab_size"], (1, length), device=device)
+        rows = model.model.embed_tokens(ids)[0].contiguous()  # stands in for the tapped residual rows
+        full = timed(lambda ids=ids: dedicated(model, ids, head))
+        gate = timed(lambda rows=rows: branch(model, rows, adapters, head))
+        rows_out.append({"prompt_tokens": length, "dedicated_full_forward": round(full, 3),
+                         "shared_branch_marginal": round(gate, 3), "ratio": round(gate / full, 4)})
+        print(json.dumps(rows_out[-1]), file=sys.stderr, flush=True)
+    return rows_out
+
+
+def suffix_mode_rows(model, adapters, head, device: str) -> list[dict]:
+    """The suffix-mode branch reading a paged cache against a dedicated gate, full and prefix-cached."""
+    generator = torch.Generator().manual_seed(0)
+    out = []
+    for prefix in PREFIXES:
+        ids = torch.randint(0, SHAPE["vocab_size"], (1, prefix + SUFFIX), device=device)
+        rows = model.model.embed_tokens(ids)[0, prefix:].contiguous()
+        kv = [torch.randn(prefix, SHAPE["num_key_value_heads"], SHAPE["head_dim"], device=device,
+                          dtype=torch.bfloat16) for _ in range(2)]
+        key_cache, table = paged(kv[0], generator)
+        value_cache, _ = paged(kv[1], torch.Generator().manual_seed(generator.initial_seed()))
+        caches = [(key_cache, value_cache)] * K  # the cost is each layer's; the values need not differ
+        full = timed(lambda ids=ids: dedicated(model, ids, head))
+        warm = dedicated_after_prefix(model, ids, prefix, head)
+        gate = timed(lambda rows=rows, caches=caches, table=table, prefix=prefix:
+                     suffix_branch(model, rows, prefix, caches, table, adapters, head))
+        row = {"cached_prefix_tokens": prefix, "suffix_tokens": SUFFIX, "dedicated_full_forward": round(full, 3),
+               "dedicated_prefix_cached": round(warm, 3), "suffix_branch": round(gate, 3),
+               "ratio": round(gate / full, 5), "ratio_to_prefix_cached": round(gate / warm, 4)}
+        if device == "cuda":  # the same branch replayed as one CUDA graph: no per-kernel launch cost
+            graph = captured(lambda rows=rows, caches=caches, table=table, prefix=prefix:
+                             suffix_branch(model, rows, prefix, caches, table, adapters, head))
+            replay = timed(graph.replay)
+            row.update(suffix_branch_cuda_graph=round(replay, 3), ratio_cuda_graph=round(replay / full, 5))
+        out.append(row)
+        print(json.dumps(row), file=sys.stderr, flush=True)
+    return out
+
+
+def batched_rows(model, adapters, head, device: str) -> dict[str, dict]:
+    """Gate prompts packed into one branch pass against one after another, and how far their logits differ."""
+    out = {}
+    for name, lengths in BATCH_LENGTHS.items():
+        prompts = [model.model.embed_tokens(torch.randint(0, SHAPE["vocab_size"], (1, n), device=device))[0]
+                   for n in lengths]
+        sequential = timed(lambda prompts=prompts: [branch(model, rows, adapters, head) for rows in prompts])
+        batched = timed(lambda prompts=prompts: batched_branch(model, prompts, adapters, head))
+        agree = (batched_branch(model, prompts, adapters, head)
+                 - torch.cat([branch(model, rows, adapters, head) for rows in prompts])).abs().max()
+        out[name] = {"prompt_tokens": list(lengths), "sequential": round(sequential, 3), "batched": round(batched, 3),
+                     "ratio": round(batched / sequential, 4), "max_abs_logit_batched_vs_sequential": float(agree)}
+        print(json.dumps(out[name]), file=sys.stderr, flush=True)
+    return out
+
+
 def main() -> None:
     global SHAPE, LENGTHS, PREFIXES, BATCH_LENGTHS
     from transformers import Qwen3Config
@@ -335,55 +394,13 @@ def main() -> None:
     out = {"gpu": gpu, "torch": torch.__version__, "shape": SHAPE, "k": K,
            "lora_rank": RANK, "parameters_billion": round(params / 1e9, 2),
            "weights_gib": {"one_shared_engine": round((one_copy + lora_bytes) / 2**30, 2),
-                           "two_engines": round((one_copy + dedicated_bytes) / 2**30, 2)},
-           "timings_ms": []}
+                           "two_engines": round((one_copy + dedicated_bytes) / 2**30, 2)}}
     if "--smoke" in sys.argv:  # the branch's arithmetic is the model's: zero LoRA, true tapped rows
         zero = [{n: (a * 0, b) for n, (a, b) in layer.items()} for layer in adapters]
         out["smoke_max_abs_vs_full_forward"] = smoke(model, zero, head, device)
-    for length in LENGTHS:
-        ids = torch.randint(0, SHAPE["vocab_size"], (1, length), device=device)
-        rows = model.model.embed_tokens(ids)[0].contiguous()  # stands in for the tapped residual rows
-        full = timed(lambda ids=ids: dedicated(model, ids, head))
-        gate = timed(lambda rows=rows: branch(model, rows, adapters, head))
-        out["timings_ms"].append({"prompt_tokens": length, "dedicated_full_forward": round(full, 3),
-                                  "shared_branch_marginal": round(gate, 3), "ratio": round(gate / full, 4)})
-        print(json.dumps(out["timings_ms"][-1]), file=sys.stderr, flush=True)
-    generator = torch.Generator().manual_seed(0)
-    out["suffix_mode_ms"] = []
-    for prefix in PREFIXES:
-        ids = torch.randint(0, SHAPE["vocab_size"], (1, prefix + SUFFIX), device=device)
-        rows = model.model.embed_tokens(ids)[0, prefix:].contiguous()
-        kv = [torch.randn(prefix, SHAPE["num_key_value_heads"], SHAPE["head_dim"], device=device,
-                          dtype=torch.bfloat16) for _ in range(2)]
-        key_cache, table = paged(kv[0], generator)
-        value_cache, _ = paged(kv[1], torch.Generator().manual_seed(generator.initial_seed()))
-        caches = [(key_cache, value_cache)] * K  # the cost is each layer's; the values need not differ
-        full = timed(lambda ids=ids: dedicated(model, ids, head))
-        warm = dedicated_after_prefix(model, ids, prefix, head)
-        gate = timed(lambda rows=rows, caches=caches, table=table, prefix=prefix:
-                     suffix_branch(model, rows, prefix, caches, table, adapters, head))
-        row = {"cached_prefix_tokens": prefix, "suffix_tokens": SUFFIX, "dedicated_full_forward": round(full, 3),
-               "dedicated_prefix_cached": round(warm, 3), "suffix_branch": round(gate, 3),
-               "ratio": round(gate / full, 5), "ratio_to_prefix_cached": round(gate / warm, 4)}
-        if device == "cuda":  # the same branch replayed as one CUDA graph: no per-kernel launch cost
-            graph = captured(lambda rows=rows, caches=caches, table=table, prefix=prefix:
-                             suffix_branch(model, rows, prefix, caches, table, adapters, head))
-            replay = timed(graph.replay)
-            row.update(suffix_branch_cuda_graph=round(replay, 3), ratio_cuda_graph=round(replay / full, 5))
-        out["suffix_mode_ms"].append(row)
-        print(json.dumps(row), file=sys.stderr, flush=True)
-    out["batched_prompt_mode_ms"] = {}
-    for name, lengths in BATCH_LENGTHS.items():
-        prompts = [model.model.embed_tokens(torch.randint(0, SHAPE["vocab_size"], (1, n), device=device))[0]
-                   for n in lengths]
-        sequential = timed(lambda prompts=prompts: [branch(model, rows, adapters, head) for rows in prompts])
-        batched = timed(lambda prompts=prompts: batched_branch(model, prompts, adapters, head))
-        agree = (batched_branch(model, prompts, adapters, head)
-                 - torch.cat([branch(model, rows, adapters, head) for rows in prompts])).abs().max()
-        out["batched_prompt_mode_ms"][name] = {
-            "prompt_tokens": list(lengths), "sequential": round(sequential, 3), "batched": round(batched, 3),
-            "ratio": round(batched / sequential, 4), "max_abs_logit_batched_vs_sequential": float(agree)}
-        print(json.dumps(out["batched_prompt_mode_ms"][name]), file=sys.stderr, flush=True)
+    out["timings_ms"] = prompt_mode_rows(model, adapters, head, device)
+    out["suffix_mode_ms"] = suffix_mode_rows(model, adapters, head, device)
+    out["batched_prompt_mode_ms"] = batched_rows(model, adapters, head, device)
     if device == "cuda":
         out["peak_gib_during_timings"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
         out["allocated_gib"] = round(torch.cuda.memory_allocated() / 2**30, 2)

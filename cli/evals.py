@@ -119,6 +119,12 @@ def _eval(args: argparse.Namespace) -> int:
 
 
 def add_parsers(commands) -> None:
+    _add_eval(commands)
+    _add_bench(commands)
+    _add_figures(commands)
+
+
+def _add_eval(commands) -> None:
     p = commands.add_parser("eval", help="evals judged by evals/RULES.md: stability, agreement, kv, dataset, threads")
     evals = p.add_subparsers(dest="eval", required=True, metavar="EVAL")
     e = evals.add_parser("stability", help="answer stability of the shared engine vs stock vLLM")
@@ -164,6 +170,8 @@ def add_parsers(commands) -> None:
     e.add_argument("--limit", type=int)
     p.set_defaults(func=_eval)
 
+
+def _add_bench(commands) -> None:
     p = commands.add_parser("bench", help="side-by-side benchmarks: the shared engine's gates against their peers",
                             description="Runs benchmarks/side_by_side.py (its docstring says what is measured).")
     p.add_argument("--model", default="demo", help="demo | random (a 0.36 B random Qwen3, built on first use) "
@@ -193,6 +201,8 @@ def add_parsers(commands) -> None:
     p.add_argument("--out", type=Path, help="write the figures as JSON here (and the tables beside it, .md)")
     p.set_defaults(func=_bench)
 
+
+def _add_figures(commands) -> None:
     p = commands.add_parser("figures", help="re-measure the figures the README and docs/figures.md show, each "
                             "into docs/figures/<item>.json",
                             description="Runs gatehead.figures' items (its docstring says what each file holds).")
