@@ -124,24 +124,16 @@ def dedicated_gate_probs(export_dir: str | Path, prompts: Sequence[Sequence[int]
     return np.array([[o.outputs.probs[i] for i in order] for o in outputs])
 
 
-def run_agreement(config, m: int = 256, out=None, work_dir=None):
-    """The agreement eval (`gatehead eval agreement`): four pairs judged by the rule; an `Outcome`."""
+def _measure(config, adapter, m: int, work_dir):
+    """The gates' probabilities from the shared engine (gates mixed with generations), a dedicated engine
+    and the HF references (fp32, the run's dtype, merged): (shared, dedicated, references, generations)."""
     import tempfile
-    from dataclasses import asdict
 
     from tqdm import tqdm
 
-    from gatehead.evals.plots import scatter
-    from gatehead.evals.run import Outcome, table
     from gatehead.evals.stability import build_prompts, prompt_builder
-    from gatehead.gate.adapter import load_gate_adapter
     from gatehead.runtime.dedicated import export_dedicated
 
-    adapter = load_gate_adapter(config.adapter, config.model)
-    if adapter.suffix_mode:  # before any engine starts: the dedicated peer exists for prompt-mode gates only
-        raise ValueError(f"{config.adapter} is a suffix-mode (activated) gate: the agreement eval compares the shared "
-                         "engine with a dedicated engine, which holds prompt-mode gates only; suffix-mode gates are "
-                         "judged against their PEFT reference (tests/integration/runtime/test_demo_suffix_gate.py)")
     window = config.max_model_len or 2048
     builder, _ = prompt_builder(config.model, config.adapter, window)
     gates, generations = build_prompts(builder, m, 3, "gate"), build_prompts(builder, min(m, 64), 4, "answer")
@@ -160,10 +152,27 @@ def run_agreement(config, m: int = 256, out=None, work_dir=None):
                                          enforce_eager=config.enforce_eager, max_model_len=window, **kv)
     progress.update()
     refs = fidelity_references(config.model, config.adapter, gates, config.dtype)
-    fp32, same, merged = refs["fp32"], refs["same"], refs["merged"]
-    run = "bf16" if config.dtype == "bfloat16" else "fp32"
     progress.update()
     progress.close()
+    return shared, dedicated, refs, generations
+
+
+def run_agreement(config, m: int = 256, out=None, work_dir=None):
+    """The agreement eval (`gatehead eval agreement`): four pairs judged by the rule; an `Outcome`."""
+    from dataclasses import asdict
+
+    from gatehead.evals.plots import scatter
+    from gatehead.evals.run import Outcome, table
+    from gatehead.gate.adapter import load_gate_adapter
+
+    adapter = load_gate_adapter(config.adapter, config.model)
+    if adapter.suffix_mode:  # before any engine starts: the dedicated peer exists for prompt-mode gates only
+        raise ValueError(f"{config.adapter} is a suffix-mode (activated) gate: the agreement eval compares the shared "
+                         "engine with a dedicated engine, which holds prompt-mode gates only; suffix-mode gates are "
+                         "judged against their PEFT reference (tests/integration/runtime/test_demo_suffix_gate.py)")
+    shared, dedicated, refs, generations = _measure(config, adapter, m, work_dir)
+    fp32, same, merged = refs["fp32"], refs["same"], refs["merged"]
+    run = "bf16" if config.dtype == "bfloat16" else "fp32"
     thresholds = adapter.spec.thresholds
     same_name = "HF bf16" if run == "bf16" else "HF fp64"
     pairs = {"shared vs dedicated": agreement(shared, dedicated, thresholds),

@@ -136,22 +136,24 @@ DIAGNOSTICS = {"tap-only": {"branch": False}, "no-tap": {"tap": "off"}}
 
 def run_stability(config, n: int = 64, max_tokens: int = 128, variants: Sequence[str] = VARIANTS, out=None):
     """The stability eval (`gatehead eval stability`): every variant, judged by the rule; an `Outcome`."""
-    from dataclasses import asdict, replace
-
-    from tqdm import tqdm
-
-    from gatehead.evals.plots import paired_bars
-    from gatehead.evals.run import Outcome, table
-
     unknown = set(variants) - set(VARIANTS)
     if unknown or not variants:
         raise ValueError(f"unknown stability variants {sorted(unknown)}; choose from {list(VARIANTS)}")
     if config.dtype not in ("bfloat16", "float32"):
         raise ValueError(f"the stability rule is judged in the host's dtype, bf16 or fp32, not {config.dtype}")
-    window = config.max_model_len or 2048
-    builder, action_ids = prompt_builder(config.model, config.adapter, window)
+    builder, action_ids = prompt_builder(config.model, config.adapter, config.max_model_len or 2048)
     answers, gates = build_prompts(builder, n, 1, "answer"), build_prompts(builder, n, 2, "gate")
-    workloads = {"plain": (), "mixed": gates}
+    stock, measured = _measure(config, answers, {"plain": (), "mixed": gates}, action_ids, variants, max_tokens)
+    return _judged(config, variants, stock, measured, n, max_tokens, out)
+
+
+def _measure(config, answers, workloads: dict, action_ids, variants: Sequence[str], max_tokens: int):
+    """Two passes of each needed workload on a stock engine, then each variant on its engine: ((first, second),
+    {variant: its pass})."""
+    from dataclasses import replace
+
+    from tqdm import tqdm
+
     needed = sorted({"plain" if v == "plain" else "mixed" for v in variants})
     progress = tqdm(total=2 * len(needed) + len(variants), desc="stability passes", unit="pass")
     loop = asyncio.new_event_loop()  # one loop for every pass: an engine binds to the loop it first runs in
@@ -195,6 +197,17 @@ def run_stability(config, n: int = 64, max_tokens: int = 128, variants: Sequence
             _shutdown(engine, loop)
     loop.close()
     progress.close()
+    return (first, second), measured
+
+
+def _judged(config, variants: Sequence[str], stock: tuple[dict, dict], measured: dict, n: int, max_tokens: int, out):
+    """Each variant against the stock repeats, by the rule: the eval's `Outcome`, report and plot."""
+    from dataclasses import asdict
+
+    from gatehead.evals.plots import paired_bars
+    from gatehead.evals.run import Outcome, table
+
+    first, second = stock
     rows, results = [], {}
     for name in variants:
         workload = "plain" if name == "plain" else "mixed"
