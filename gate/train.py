@@ -80,11 +80,15 @@ def train_gate(model_dir: str | Path, train: Sequence[Example], val: Sequence[Ex
     """Train a gate adapter for the HF causal LM in `model_dir` and write it to `out_dir`."""
     import torch
     from peft import get_peft_model
-    from tqdm import tqdm
     from transformers import AutoConfig, AutoTokenizer
 
     from gatehead.gate.reference import load_classifier
 
+    if config.activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {list(ACTIVATIONS)}, got {config.activation!r}")
+    if config.suffix_length < 1 or (config.activation == "prompt" and config.suffix_length != 1):
+        raise ValueError(f"suffix_length={config.suffix_length}: a suffix-mode gate takes >= 1 suffix tokens, "
+                         f"a prompt-mode gate exactly 1")
     model_dir = Path(model_dir)
     device = config.device or ("cuda" if torch.cuda.is_available() else "cpu")
     random.seed(config.seed)
@@ -93,46 +97,68 @@ def train_gate(model_dir: str | Path, train: Sequence[Example], val: Sequence[Ex
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     hf_config = AutoConfig.from_pretrained(model_dir)
     window = config.max_context or min(int(hf_config.max_position_embeddings), 4096)
-    if config.activation not in ACTIVATIONS:
-        raise ValueError(f"activation must be one of {list(ACTIVATIONS)}, got {config.activation!r}")
-    if config.suffix_length < 1 or (config.activation == "prompt" and config.suffix_length != 1):
-        raise ValueError(f"suffix_length={config.suffix_length}: a suffix-mode gate takes >= 1 suffix tokens, "
-                         f"a prompt-mode gate exactly 1")
     spec = GateSpec(k=config.k, base=BaseIdentity.of_model(model_dir), suffix=DEFAULT_SUFFIX * config.suffix_length,
                     activation=config.activation)
     builder = PromptBuilder(tokenizer, spec.suffix, PromptConfig(max_context=window, answer_tokens=1))
     invocation = builder.suffix_ids if config.activation == "suffix" else None
-    train_x, val_x = gate_prompts(train, builder), gate_prompts(val, builder)
-    train_y = [LABELS.index(e.label) for e in train]
-    val_y = [LABELS.index(e.label) for e in val]
+    train_xy = (gate_prompts(train, builder), [LABELS.index(e.label) for e in train])
+    val_xy = (gate_prompts(val, builder), [LABELS.index(e.label) for e in val])
 
     base = load_classifier(model_dir)
     base.config.pad_token_id = tokenizer.pad_token_id
     model = get_peft_model(base, lora_config(int(hf_config.num_hidden_layers), config.k, config.rank, config.alpha,
                                              invocation_tokens=invocation))
     model.to(device)
-    counts = np.bincount(train_y, minlength=len(LABELS)).astype(np.float64)
-    weights = torch.tensor(counts.sum() / (len(LABELS) * np.maximum(counts, 1)), dtype=torch.float32, device=device)
-    loss_fn = torch.nn.CrossEntropyLoss(weight=weights)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.learning_rate)
-    generator = random.Random(config.seed)
+    batches = _Batches(tokenizer.pad_token_id, invocation, config.batch_size, device, random.Random(config.seed))
+    best_epoch, reports = _fit(model, batches, train_xy, val_xy, config)
+    adapter = save_gate_adapter(model.to("cpu"), spec, out_dir, model_dir)
+    result = TrainResult(adapter, best_epoch, reports)
+    # The adapter is the directory holding this record: its name, not a path of the training machine.
+    record = {**result.to_dict(), "adapter": Path(out_dir).name}
+    (Path(out_dir) / "training.json").write_text(json.dumps(record, indent=2) + "\n")
+    return result
 
-    def batches(xs, ys, shuffle: bool):
+
+class _Batches:
+    """Padded batches of gate prompts (right padding: HF pools the last non-pad token), with the aLoRA
+    offsets of a suffix-mode gate; shuffled by one seeded generator across epochs."""
+
+    def __init__(self, pad: int, invocation, batch_size: int, device: str, generator: random.Random) -> None:
+        self.pad, self.invocation, self.batch_size, self.device, self.generator = (pad, invocation, batch_size, device,
+                                                                                   generator)
+
+    def __call__(self, xs, ys, shuffle: bool):
+        import torch
+
         order = list(range(len(xs)))
         if shuffle:
-            generator.shuffle(order)
-        for i in range(0, len(order), config.batch_size):
-            idx = order[i:i + config.batch_size]
+            self.generator.shuffle(order)
+        for i in range(0, len(order), self.batch_size):
+            idx = order[i:i + self.batch_size]
             length = max(len(xs[j]) for j in idx)
-            ids = torch.full((len(idx), length), tokenizer.pad_token_id, dtype=torch.long)
+            ids = torch.full((len(idx), length), self.pad, dtype=torch.long)
             mask = torch.zeros((len(idx), length), dtype=torch.long)
-            for row, j in enumerate(idx):  # right padding: HF pools the last non-pad token
+            for row, j in enumerate(idx):
                 ids[row, : len(xs[j])] = torch.tensor(xs[j])
                 mask[row, : len(xs[j])] = 1
-            inputs = {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
-            if invocation is not None:
-                inputs["alora_offsets"] = alora_offsets([xs[j] for j in idx], invocation, length)
-            yield inputs, torch.tensor([ys[j] for j in idx], device=device)
+            inputs = {"input_ids": ids.to(self.device), "attention_mask": mask.to(self.device)}
+            if self.invocation is not None:
+                inputs["alora_offsets"] = alora_offsets([xs[j] for j in idx], self.invocation, length)
+            yield inputs, torch.tensor([ys[j] for j in idx], device=self.device)
+
+
+def _fit(model, batches: _Batches, train_xy, val_xy, config: TrainConfig) -> tuple[int, list[EpochReport]]:
+    """Epochs with class-weighted cross-entropy, validation loss after each, early stop after `patience`
+    epochs without a better one; the best epoch's weights are left in `model`. (best epoch, reports)."""
+    import torch
+    from tqdm import tqdm
+
+    (train_x, train_y), (val_x, val_y) = train_xy, val_xy
+    counts = np.bincount(train_y, minlength=len(LABELS)).astype(np.float64)
+    weights = torch.tensor(counts.sum() / (len(LABELS) * np.maximum(counts, 1)), dtype=torch.float32,
+                           device=batches.device)
+    loss_fn = torch.nn.CrossEntropyLoss(weight=weights)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=config.learning_rate)
 
     def evaluate() -> tuple[float, np.ndarray]:
         model.eval()
@@ -150,9 +176,8 @@ def train_gate(model_dir: str | Path, train: Sequence[Example], val: Sequence[Ex
     for epoch in range(1, config.epochs + 1):
         model.train()
         total = 0.0
-        steps = batches(train_x, train_y, shuffle=True)
-        for inputs, y in tqdm(steps, total=-(-len(train_x) // config.batch_size), desc=f"epoch {epoch}",
-                              disable=not config.progress, leave=False):
+        for inputs, y in tqdm(batches(train_x, train_y, shuffle=True), total=-(-len(train_x) // config.batch_size),
+                              desc=f"epoch {epoch}", disable=not config.progress, leave=False):
             loss = loss_fn(model(**inputs).logits.float(), y)
             optimizer.zero_grad()
             loss.backward()
@@ -165,8 +190,7 @@ def train_gate(model_dir: str | Path, train: Sequence[Example], val: Sequence[Ex
             print(f"epoch {epoch}: train loss {total / len(train_y):.4f}  val loss {val_loss:.4f}  "
                   f"val accuracy {metrics.accuracy:.3f}")
         if best is None or val_loss < best[0]:
-            state = {k: v.detach().clone() for k, v in model.named_parameters() if v.requires_grad}
-            best = (val_loss, epoch, state)
+            best = (val_loss, epoch, {k: v.detach().clone() for k, v in model.named_parameters() if v.requires_grad})
         elif epoch - best[1] >= config.patience:
             break
     assert best is not None
@@ -174,9 +198,4 @@ def train_gate(model_dir: str | Path, train: Sequence[Example], val: Sequence[Ex
         for name, param in model.named_parameters():
             if name in best[2]:
                 param.copy_(best[2][name])
-    adapter = save_gate_adapter(model.to("cpu"), spec, out_dir, model_dir)
-    result = TrainResult(adapter, best[1], reports)
-    # The adapter is the directory holding this record: its name, not a path of the training machine.
-    record = {**result.to_dict(), "adapter": Path(out_dir).name}
-    (Path(out_dir) / "training.json").write_text(json.dumps(record, indent=2) + "\n")
-    return result
+    return best[1], reports
