@@ -111,27 +111,54 @@ def finetune(base_dir: Path, out_dir: Path, config: FinetuneConfig, data_dir: Pa
     lora = LoraConfig(r=config.rank, lora_alpha=config.alpha, lora_dropout=config.dropout,
                       target_modules=list(config.target_modules), task_type="CAUSAL_LM")
     model = get_peft_model(model, lora).to(device)
+    per_epoch = -(-len(data) // config.batch_size)
+    schedule = _Schedule(config.warmup_steps,
+                         per_epoch * config.epochs if config.max_steps is None else config.max_steps)
+    step, rows = _train(model, data, tokenizer.pad_token_id, device, config, schedule, started, log)
+    model.eval()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.to("cpu", dtype=getattr(torch, config.save_dtype)).save_pretrained(out_dir)
+    config_file = out_dir / "adapter_config.json"
+    settings = json.loads(config_file.read_text())
+    settings["base_model_name_or_path"] = "smollm2-135m-instruct (gatehead.demo.base)"  # no path of this machine
+    config_file.write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
+    report = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu", "torch": torch.__version__,
+              "seconds": round(time.time() - started, 1), "config": asdict(config), "examples": len(data),
+              "steps": step, "log": rows}
+    (out_dir / "training.json").write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+class _Schedule:
+    """The learning rate's factor: linear warm-up, then a cosine to 0 at `total` steps (a timed run fixes
+    `total` during warm-up, where the factor does not depend on it)."""
+
+    def __init__(self, warmup: int, total: int) -> None:
+        self.warmup, self.total = warmup, total
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup:
+            return (step + 1) / self.warmup
+        return 0.5 * (1 + math.cos(math.pi * (step - self.warmup) / max(1, self.total - self.warmup)))
+
+
+def _train(model, data, pad: int, device: str, config: FinetuneConfig, schedule: _Schedule, started: float, log):
+    """The optimisation: batches of similar lengths in a seeded order, epoch after epoch, until the schedule's
+    total (fixed from the step rate where `config.seconds` is given); returns (steps taken, loss log rows)."""
+    import torch
+
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
-    per_epoch = -(-len(data) // config.batch_size)
-    total = per_epoch * config.epochs if config.max_steps is None else config.max_steps
-
-    def lr_at(step: int) -> float:
-        if step < config.warmup_steps:
-            return (step + 1) / config.warmup_steps
-        return 0.5 * (1 + math.cos(math.pi * (step - config.warmup_steps) / max(1, total - config.warmup_steps)))
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
-    pad = tokenizer.pad_token_id
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     r = random.Random(config.seed)
     step, running, rows, timed_from = 0, 0.0, [], started
     model.train()
-    while step < total:
+    while step < schedule.total:
         order = sorted(range(len(data)), key=lambda j: (len(data[j][0]), r.random()))
         batches = [order[i:i + config.batch_size] for i in range(0, len(order), config.batch_size)]
         r.shuffle(batches)
         for idx in batches:
-            if step >= total:
+            if step >= schedule.total:
                 break
             loss = _reply_loss(model, [data[j] for j in idx], pad, device, config.cpu_bf16)
             optimizer.zero_grad(set_to_none=True)
@@ -146,25 +173,15 @@ def finetune(base_dir: Path, out_dir: Path, config: FinetuneConfig, data_dir: Pa
                     timed_from = time.time()
                 else:  # still warming up: the schedule so far does not depend on the total
                     per_step = (time.time() - timed_from) / 5
-                    total = max(9, min(total, int((config.seconds - (time.time() - started)) / per_step) + 8))
-                    log(f"{per_step:.1f} s a step: {total} steps in all")
-            if step % 100 == 0 or step == total:
+                    schedule.total = max(9, min(schedule.total,
+                                                int((config.seconds - (time.time() - started)) / per_step) + 8))
+                    log(f"{per_step:.1f} s a step: {schedule.total} steps in all")
+            if step % 100 == 0 or step == schedule.total:
                 mean = running.item() / (step % 100 or 100)
                 rows.append({"step": step, "loss": round(mean, 5), "seconds": round(time.time() - started, 1)})
-                log(f"step {step}/{total}  loss {mean:.4f}  {time.time() - started:.0f}s")
+                log(f"step {step}/{schedule.total}  loss {mean:.4f}  {time.time() - started:.0f}s")
                 running = 0.0
-    model.eval()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model.to("cpu", dtype=getattr(torch, config.save_dtype)).save_pretrained(out_dir)
-    config_file = out_dir / "adapter_config.json"
-    settings = json.loads(config_file.read_text())
-    settings["base_model_name_or_path"] = "smollm2-135m-instruct (gatehead.demo.base)"  # no path of this machine
-    config_file.write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n")
-    report = {"device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu", "torch": torch.__version__,
-              "seconds": round(time.time() - started, 1), "config": asdict(config), "examples": len(data),
-              "steps": step, "log": rows}
-    (out_dir / "training.json").write_text(json.dumps(report, indent=2) + "\n")
-    return report
+    return step, rows
 
 
 def _reply_loss(model, rows: Sequence[tuple[list[int], int]], pad: int, device: str, cpu_bf16: bool):

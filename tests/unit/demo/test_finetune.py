@@ -87,3 +87,34 @@ def test_the_reply_loss_is_the_models_own_loss_on_the_replies(tmp_path: Path) ->
             total += model(input_ids=torch.tensor([seq]), labels=labels).loss * (len(seq) - start)
             count += len(seq) - start
     assert torch.allclose(batched, total / count, rtol=1e-5)
+
+
+def test_the_training_loop_follows_its_schedule_and_lowers_the_replies_loss(tmp_path: Path) -> None:
+    """`_train` takes `max_steps` steps on the warm-up-then-cosine schedule and the replies' loss falls;
+    a timed run fixes its total once, during warm-up, from the rate of its steps."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from gatehead.demo.finetune import FinetuneConfig, _reply_loss, _Schedule, _train
+
+    base, _ = tiny_llama_with_lora(tmp_path)
+    schedule = _Schedule(warmup=4, total=20)
+    assert [round(schedule(s), 3) for s in (0, 3, 4, 12, 20)] == [0.25, 1.0, 1.0, 0.5, 0.0]
+    torch.manual_seed(0)
+    rows = [([1 + i % 5, 2, 3, 4, 5, 10 + i % 5, 20 + i % 5], 5) for i in range(40)]  # the reply: the first token's
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32),
+                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]))
+    with torch.no_grad():
+        before = _reply_loss(model, rows, 0, "cpu", cpu_bf16=False).item()
+    config = FinetuneConfig(rank=4, alpha=8, learning_rate=1e-2, batch_size=8, warmup_steps=10, max_steps=60)
+    logged: list[str] = []
+    steps, log_rows = _train(model, rows, 0, "cpu", config, _Schedule(10, 60), 0.0, logged.append)
+    with torch.no_grad():
+        after = _reply_loss(model.eval(), rows, 0, "cpu", cpu_bf16=False).item()
+    assert steps == 60 and log_rows[-1]["step"] == 60 and after < before - 0.3  # 4.56 -> 3.92 here
+    timed = _Schedule(10, 1000)
+    import time
+
+    steps, _ = _train(model.train(), rows, 0, "cpu", FinetuneConfig(batch_size=8, warmup_steps=10, seconds=0.5),
+                      timed, time.time(), logged.append)
+    assert 9 <= steps == timed.total < 1000 and any("steps in all" in line for line in logged)
