@@ -204,6 +204,16 @@ def build_demo_model(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, smoke:
     return {**report, "stages": records}
 
 
+def _gate_examples(rows: list[dict], name: str) -> list:
+    """The gate's examples of labelled rows: a search question, once rewritten and retrieved again, is also an
+    answerable one."""
+    from gatehead.gate.data import parse_example
+
+    found = [{"question": r["rewrite"], "documents": r["rewrite_documents"], "label": "answer"}
+             for r in rows if r["label"] == "search"]
+    return [parse_example(r, f"{name}:{i}") for i, r in enumerate(rows + found, 1)]
+
+
 def train_gate_and_report(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, smoke: bool = False,
                           config: TrainConfig | None = None, phrasings: bool = True, adapter_name: str = "adapter",
                           read_test: bool = False, answers: bool = True, model_dir: Path | None = None) -> dict:
@@ -224,44 +234,36 @@ def train_gate_and_report(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, s
     import torch
 
     from gatehead.demo.evaluate import evaluate, evaluate_sets
+    from gatehead.demo.sealed import unseal
     from gatehead.demo.train import ModelSpec
     from gatehead.gate.calibrate import calibrate
     from gatehead.gate.data import parse_example
     from gatehead.gate.train import train_gate
 
-    started = time.time()
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    started, device = time.time(), "cuda" if torch.cuda.is_available() else "cpu"
     window = ModelSpec().max_position
     records = {split: training_records(data_dir, phrasings, split)[:40 if smoke else None]
                for split in ("train", "val")}
     model_dir, adapter_dir = model_dir or _demo_model(), out_dir / adapter_name
-
-    def gate_examples(rows: list[dict], name: str):
-        # A search question, once rewritten and retrieved again, is an answerable one.
-        found = [{"question": r["rewrite"], "documents": r["rewrite_documents"], "label": "answer"}
-                 for r in rows if r["label"] == "search"]
-        return [parse_example(r, f"{name}:{i}") for i, r in enumerate(rows + found, 1)]
-
-    config = config or demo_recipe()[2]
-    config = replace(config, max_context=window, epochs=2 if smoke else config.epochs)
-    result = train_gate(model_dir, gate_examples(records["train"], "train"), gate_examples(records["val"], "val"),
+    config = replace(config or demo_recipe()[2], max_context=window)
+    config = replace(config, epochs=2 if smoke else config.epochs)
+    result = train_gate(model_dir, _gate_examples(records["train"], "train"), _gate_examples(records["val"], "val"),
                         adapter_dir, config)
     calibration = calibrate(model_dir, adapter_dir, [parse_example(r, f"val:{i}") for i, r in
                                                      enumerate(records["val"], 1)], answer_precision=0.95,
                             max_context=window)
     figures = None
     if read_test:
-        from gatehead.demo.sealed import unseal
-
         test = read_jsonl(unseal(data_dir / "test.jsonl", model_dir, adapter_dir))[:40 if smoke else None]
         figures = evaluate(model_dir, adapter_dir, test, device=device, max_context=window, answers=answers)
     # The evaluation sets of val, to choose by; test's are read once, by the evaluate stage.
     val_sets = {} if smoke or not phrasings else evaluate_sets(model_dir, adapter_dir, data_dir, "val", device, window,
                                                                answers=answers)
+    language_model = json.loads((model_dir / "training.json").read_text()) \
+        if (model_dir / "training.json").is_file() else {"model": model_dir.name}
     report = {
         "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
-        "language_model": json.loads((model_dir / "training.json").read_text())
-        if (model_dir / "training.json").is_file() else {"model": model_dir.name, "log": []},
+        "language_model": {k: v for k, v in language_model.items() if k != "log"},
         "gate_training": {"seconds": round(time.time() - started, 1), "best_epoch": result.best_epoch,
                           "config": asdict(replace(config, progress=False)), "phrasings": phrasings,
                           "val_accuracy": [e.val.accuracy for e in result.epochs]},
@@ -269,7 +271,6 @@ def train_gate_and_report(data_dir: Path = DATA_DIR, out_dir: Path = DEMO_DIR, s
         **({"test": figures} if figures is not None else {}),
         **({"val_sets": val_sets} if val_sets else {}),
     }
-    report["language_model"].pop("log")
     name = "report.json" if adapter_name == "adapter" else f"report-{adapter_name}.json"
     (out_dir / name).write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
     return report

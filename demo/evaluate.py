@@ -70,17 +70,7 @@ def evaluate(model_dir: str | Path, adapter_dir: str | Path, records: Sequence[d
     hits = {id(r): hit for (r, _), hit in zip(answerable, answer_hits, strict=True)}
 
     def by(key: str) -> dict:
-        """Gate accuracy (and answer exact match where answerable) per value of the records' `key`."""
-        groups: dict[str, list] = {}
-        for r, e, d in zip(records, examples, decisions, strict=True):
-            groups.setdefault(r[key], []).append((r, d == e.label))
-        out = {}
-        for value, rows in sorted(groups.items()):
-            out[value] = {"questions": len(rows), "gate_accuracy": sum(ok for _, ok in rows) / len(rows)}
-            answered = [hits[id(r)] for r, _ in rows if id(r) in hits]
-            if answered:
-                out[value] |= {"answerable": len(answered), "answer_exact_match": sum(answered) / len(answered)}
-        return out
+        return _grouped(key, records, examples, decisions, hits)
 
     misses = [{"question": r["question"], "gold": r["answer"], "reply": a}
               for a, (r, _), hit in zip(answers, answerable, answer_hits, strict=True) if not hit]
@@ -100,6 +90,21 @@ def evaluate(model_dir: str | Path, adapter_dir: str | Path, records: Sequence[d
                         for kind, got in _by_document(answerable, answer_hits).items()},
         "answer_misses": misses[:20],
     }
+
+
+def _grouped(key: str, records: Sequence[dict], examples: Sequence, decisions: Sequence[str],
+             hits: dict[int, bool]) -> dict:
+    """Gate accuracy (and answer exact match where answerable) per value of the records' `key`."""
+    groups: dict[str, list] = {}
+    for r, e, d in zip(records, examples, decisions, strict=True):
+        groups.setdefault(r[key], []).append((r, d == e.label))
+    out = {}
+    for value, rows in sorted(groups.items()):
+        out[value] = {"questions": len(rows), "gate_accuracy": sum(ok for _, ok in rows) / len(rows)}
+        answered = [hits[id(r)] for r, _ in rows if id(r) in hits]
+        if answered:
+            out[value] |= {"answerable": len(answered), "answer_exact_match": sum(answered) / len(answered)}
+    return out
 
 
 def _by_document(answerable: Sequence[tuple[dict, object]], hits: Sequence[bool]) -> dict[str, list[bool]]:

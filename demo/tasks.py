@@ -219,6 +219,49 @@ def _same_kind(product, fact: Fact) -> Fact | None:
                  if f.attribute == fact.attribute or (reset and f.attribute.startswith(_RESET))), None)
 
 
+def _follow_up(case: str, kb: KnowledgeBase, products: list, product, first, r: random.Random) -> tuple:
+    """A follow-up of `case` after a question about `product`'s `first` fact: (the follow-up, its standalone
+    form, the product and fact it asks about, None where the documents do not have it)."""
+    target_fact, target_product = None, product
+    if case in ("pronoun", "after-refusal"):
+        fact = r.choice([f for f in product.facts if f is not first] or product.facts)
+        follow_up = _pronoun(fact, r)
+        if case == "after-refusal":
+            follow_up = r.choice(_AFTER_REFUSAL).format(q=follow_up[:1].lower() + follow_up[1:])
+        standalone, target_fact = standalone_question(fact.attribute, product.name), fact
+    elif case == "switch":
+        other = r.choice([p for p in products if p is not product and p.category == product.category] or products)
+        typed = _typed(other.name, r)
+        follow_up = r.choice(_SWITCH).format(name=typed)
+        target_product, target_fact = other, _same_kind(other, first)
+        attribute = "reset time when it " if first.attribute.startswith(_RESET) else first.attribute
+        standalone = (f"How do I reset the {typed}?" if attribute == _RESET
+                      else standalone_question(attribute, typed))
+    elif case == "missing":
+        noun = product.name.split(" ", 1)[1]
+        ghost = f"{r.choice(kb.ghosts).split(' ', 1)[0]} {noun}"
+        typed = _typed(ghost, r)
+        follow_up = r.choice(_SWITCH).format(name=typed)
+        standalone = (f"How do I reset the {typed}?" if first.attribute.startswith(_RESET)
+                      else standalone_question(first.attribute, typed))
+        target_product = None
+    elif case == "standalone":  # a question that needs no rewrite is left as it is
+        other = r.choice(products)
+        target_fact = r.choice(other.facts)
+        follow_up = standalone = standalone_question(target_fact.attribute, other.name)
+        target_product = other
+    elif case == "off-topic":
+        follow_up = standalone = r.choice(_OFF_TOPIC)
+        target_product = None
+    else:  # by order code: searched as typed; the notice then names the product
+        other = r.choice(products)
+        follow_up = r.choice(_SWITCH).format(name=other.code).replace("the ", "")
+        standalone, target_product = f"What is the {first.attribute} of {other.code}?", None
+        if first.attribute.startswith(_RESET):
+            standalone = f"How do I reset {other.code}?"
+    return follow_up, standalone, target_product, target_fact
+
+
 def conversation_examples(kb: KnowledgeBase, r: random.Random, count: int) -> list[LMExample]:
     """Follow-ups of every kind the agent meets, each made standalone (the rewrite task) and answered.
 
@@ -242,43 +285,7 @@ def conversation_examples(kb: KnowledgeBase, r: random.Random, count: int) -> li
         else:
             earlier = cited(first.value, (passage(gold),), f"{gold.doc_id}.md")
             conversation = (Turn("user", _asked(first, _typed(product.name, r), r)), Turn("assistant", earlier))
-        target_fact, target_product = None, product
-        if case in ("pronoun", "after-refusal"):
-            fact = r.choice([f for f in product.facts if f is not first] or product.facts)
-            follow_up = _pronoun(fact, r)
-            if case == "after-refusal":
-                follow_up = r.choice(_AFTER_REFUSAL).format(q=follow_up[:1].lower() + follow_up[1:])
-            standalone, target_fact = standalone_question(fact.attribute, product.name), fact
-        elif case == "switch":
-            other = r.choice([p for p in products if p is not product and p.category == product.category] or products)
-            typed = _typed(other.name, r)
-            follow_up = r.choice(_SWITCH).format(name=typed)
-            target_product, target_fact = other, _same_kind(other, first)
-            attribute = "reset time when it " if first.attribute.startswith(_RESET) else first.attribute
-            standalone = (f"How do I reset the {typed}?" if attribute == _RESET
-                          else standalone_question(attribute, typed))
-        elif case == "missing":
-            noun = product.name.split(" ", 1)[1]
-            ghost = f"{r.choice(kb.ghosts).split(' ', 1)[0]} {noun}"
-            typed = _typed(ghost, r)
-            follow_up = r.choice(_SWITCH).format(name=typed)
-            standalone = (f"How do I reset the {typed}?" if first.attribute.startswith(_RESET)
-                          else standalone_question(first.attribute, typed))
-            target_product = None
-        elif case == "standalone":  # a question that needs no rewrite is left as it is
-            other = r.choice(products)
-            target_fact = r.choice(other.facts)
-            follow_up = standalone = standalone_question(target_fact.attribute, other.name)
-            target_product = other
-        elif case == "off-topic":
-            follow_up = standalone = r.choice(_OFF_TOPIC)
-            target_product = None
-        else:  # by order code: searched as typed; the notice then names the product
-            other = r.choice(products)
-            follow_up = r.choice(_SWITCH).format(name=other.code).replace("the ", "")
-            standalone, target_product = f"What is the {first.attribute} of {other.code}?", None
-            if first.attribute.startswith(_RESET):
-                standalone = f"How do I reset {other.code}?"
+        follow_up, standalone, target_product, target_fact = _follow_up(case, kb, products, product, first, r)
         out.append(LMExample(REWRITE_SYSTEM, follow_up, (), standalone, conversation))
         if target_fact is not None and target_product is not None:
             docs = _context(kb, [kb.by_id[target_fact.doc_id]], set(), r, target_product.name)

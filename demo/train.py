@@ -167,6 +167,20 @@ def _batch(rows: Sequence[tuple[list[int], int]], pad_id: int, device: str):
     return tuple(torch.from_numpy(a).to(device, non_blocking=True) for a in (ids, reply, mask))
 
 
+def _epoch_batches(data: Sequence[tuple[list[int], int]], batch_size: int, r: random.Random) -> list[list[int]]:
+    """One epoch's batches of example indices, in a seeded order: length-grouped (sorted within chunks of
+    50 batches), so they waste little on padding."""
+    order = list(range(len(data)))
+    r.shuffle(order)
+    chunk = batch_size * 50
+    batches = []
+    for i in range(0, len(order), chunk):
+        part = sorted(order[i:i + chunk], key=lambda j: len(data[j][0]))
+        batches += [part[b:b + batch_size] for b in range(0, len(part), batch_size)]
+    r.shuffle(batches)
+    return batches
+
+
 def train_lm(model, data: Sequence[tuple[list[int], int]], pad_id: int, config: LMConfig,
              log=print) -> list[dict]:
     """Train `model` in place on encoded examples; returns the loss log (one entry per 100 steps)."""
@@ -176,11 +190,10 @@ def train_lm(model, data: Sequence[tuple[list[int], int]], pad_id: int, config: 
     torch.manual_seed(config.seed)
     r = random.Random(config.seed)
     model.to(device).train()
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": config.weight_decay},
-                                   {"params": no_decay, "weight_decay": 0.0}], lr=config.learning_rate,
-                                  betas=(0.9, 0.95))
+    optimizer = torch.optim.AdamW([{"params": [p for p in model.parameters() if p.dim() >= 2],
+                                    "weight_decay": config.weight_decay},  # matrices decay, norms and biases not
+                                   {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}],
+                                  lr=config.learning_rate, betas=(0.9, 0.95))
     per_epoch = -(-len(data) // config.batch_size)
     total = per_epoch * config.epochs if config.max_steps is None else min(config.max_steps, per_epoch * config.epochs)
 
@@ -193,19 +206,9 @@ def train_lm(model, data: Sequence[tuple[list[int], int]], pad_id: int, config: 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_at)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device == "cuda" \
         else torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.cpu_bf16)
-    step, running, log_rows, started = 0, 0.0, [], time.time()
-    timed_from = None
+    step, running, log_rows, started, timed_from = 0, 0.0, [], time.time(), None
     while step < total:
-        order = list(range(len(data)))
-        r.shuffle(order)
-        # Length-grouped batches (sorted within chunks of 50 batches) waste little on padding.
-        chunk = config.batch_size * 50
-        batches = []
-        for i in range(0, len(order), chunk):
-            part = sorted(order[i:i + chunk], key=lambda j: len(data[j][0]))
-            batches += [part[b:b + config.batch_size] for b in range(0, len(part), config.batch_size)]
-        r.shuffle(batches)
-        for idx in batches:
+        for idx in _epoch_batches(data, config.batch_size, r):
             if step >= total:
                 break
             ids, reply, mask = _batch([data[j] for j in idx], pad_id, device)
