@@ -17,7 +17,7 @@ from gatehead.gate.data import parse_example
 from gatehead.gate.prompt import PromptBuilder, PromptConfig
 from gatehead.gate.reference import HFReference
 from gatehead.gate.train import TrainConfig, train_gate
-from gatehead.testing import build_tiny
+from gatehead.tiny import build_tiny
 
 
 def main() -> None:

@@ -31,7 +31,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from gatehead.runtime.engine import _last
+from gatehead.runtime.engine import final_output
 from gatehead.runtime.guard import Checker, GuardConfig
 
 HOMOGLYPHS = str.maketrans({"a": "а", "e": "е", "o": "о", "p": "р", "c": "с", "x": "х"})
@@ -62,8 +62,9 @@ async def scored(engine, prompt_ids, answer_ids, extra) -> list[float]:
     from vllm import SamplingParams
 
     ids = list(prompt_ids) + list(answer_ids) + list(extra)
-    final = await _last(engine.llm.generate({"prompt_token_ids": ids}, SamplingParams(max_tokens=1, prompt_logprobs=0),
-                                            request_id=f"score-{random.random()}"))
+    final = await final_output(engine.llm.generate({"prompt_token_ids": ids},
+                                                   SamplingParams(max_tokens=1, prompt_logprobs=0),
+                                                   request_id=f"score-{random.random()}"))
     entries = final.prompt_logprobs[-len(extra):]
     return [entry[token].logprob for entry, token in zip(entries, extra, strict=True)]
 

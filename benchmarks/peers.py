@@ -23,7 +23,7 @@ from pathlib import Path
 from gatehead.gate.policy import LABELS, Thresholds, gate_result
 from gatehead.gate.prompt import Prompt, PromptBuilder, PromptConfig, encode_untrusted
 from gatehead.runtime.cpu_setup import preloaded
-from gatehead.runtime.engine import GateOutcome, SharedEngine, _last
+from gatehead.runtime.engine import GateOutcome, SharedEngine, final_output
 from gatehead.runtime.plugin import stock_vllm
 
 ALWAYS_ANSWER = Thresholds(answer=0.0, refuse=1.0)
@@ -53,8 +53,9 @@ class DedicatedGate:
     async def probs(self, prompt_ids: Sequence[int]) -> dict[str, float]:
         from vllm import PoolingParams
 
-        final = await _last(self.llm.encode({"prompt_token_ids": list(prompt_ids)}, PoolingParams(task="classify"),
-                                            request_id=f"dgate-{uuid.uuid4().hex}"))
+        final = await final_output(self.llm.encode({"prompt_token_ids": list(prompt_ids)},
+                                                   PoolingParams(task="classify"),
+                                                   request_id=f"dgate-{uuid.uuid4().hex}"))
         row = final.outputs.data.tolist()
         return {label: float(row[i]) for label, i in zip(LABELS, self.order, strict=True)}
 

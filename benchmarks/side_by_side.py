@@ -407,7 +407,7 @@ def run(config: BenchConfig, log=print, on_setup=None) -> dict:
 def random_model(directory: Path) -> tuple[Path, Path, Path]:
     """The 0.36 B random Qwen3 and its random prompt-mode and suffix-mode gate adapters under `directory`
     (built once, reused; rebuilt when `RANDOM_SHAPE` changed)."""
-    from gatehead.testing import TinySpec, build_tiny
+    from gatehead.tiny import TinySpec, build_tiny
 
     model, adapter, suffix = directory / "model", directory / "adapter", directory / "suffix" / "adapter"
     config = model / "config.json"

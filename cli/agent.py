@@ -39,7 +39,7 @@ def _run_agent(args: argparse.Namespace, body) -> int:
 
 
 def _ask(args: argparse.Namespace) -> int:
-    from gatehead.agent.transcript import format_turn
+    from gatehead.cli.transcript import format_turn
 
     async def body(agent) -> int:
         result = await agent.ask(args.question, args.thread)
@@ -107,7 +107,7 @@ def _print_chat_event(event) -> None:
 def _demo(args: argparse.Namespace) -> int:
     import uuid
 
-    from gatehead.agent.transcript import format_turn, summary_table
+    from gatehead.cli.transcript import format_turn, summary_table
 
     script = [(f"q{i}", q) for i, q in enumerate(args.question)] if args.question else list(DEMO_QUESTIONS)
     run = uuid.uuid4().hex[:8]  # this run's threads

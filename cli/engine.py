@@ -1,4 +1,5 @@
-"""The engine's own commands: `gate`, `generate`, `export-dedicated`, and `build-tiny` (a tiny random model)."""
+"""The engine's own commands: `gate`, `generate`, `export-dedicated`, and `build-tiny` (a tiny random model,
+`gatehead.tiny`)."""
 
 from __future__ import annotations
 
@@ -74,7 +75,7 @@ def _export_dedicated(args: argparse.Namespace) -> int:
 
 
 def _build_tiny(args: argparse.Namespace) -> int:
-    from gatehead.testing import TinySpec, build_tiny
+    from gatehead.tiny import TinySpec, build_tiny
 
     tiny = build_tiny(args.out, TinySpec(arch=args.arch, num_layers=args.layers, seed=args.seed))
     print(f"model:   {tiny.model_dir}\nadapter: {tiny.adapter_dir}")

@@ -283,8 +283,9 @@ class SharedEngine:
                        top_p: float = 1.0, stop: Sequence[str] = (), ignore_eos: bool = False, seed: int | None = None,
                        cache_salt: str | None = None, priority: int = 0) -> Generation:
         """Generate a completion of `prompt` (text, tokenized with special tokens parsed, or token ids)."""
-        return await _last(self.stream(prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p, stop=stop,
-                                       ignore_eos=ignore_eos, seed=seed, cache_salt=cache_salt, priority=priority))
+        return await final_output(self.stream(prompt, max_tokens=max_tokens, temperature=temperature, top_p=top_p,
+                                              stop=stop, ignore_eos=ignore_eos, seed=seed, cache_salt=cache_salt,
+                                              priority=priority))
 
     async def generate_many(self, prompts: Sequence[str | Sequence[int]], *, max_tokens: int = 256,
                             temperature: float = 0.0, ignore_eos: bool = False) -> list[Generation]:
@@ -301,7 +302,8 @@ class SharedEngine:
         self.check_length(ids, max_tokens)
         params = SamplingParams(max_tokens=max_tokens, temperature=0.0, logprobs=2, detokenize=False,
                                 ignore_eos=ignore_eos)
-        final = await _last(self.llm.generate(_prompt(ids, None), params, request_id=f"canary-{uuid.uuid4().hex}"))
+        final = await final_output(self.llm.generate(_prompt(ids, None), params,
+                                                     request_id=f"canary-{uuid.uuid4().hex}"))
         completion = final.outputs[0]
         steps = list(zip(completion.token_ids, completion.logprobs or [], strict=True))
         logprobs = tuple(entry[token].logprob for token, entry in steps)
@@ -343,8 +345,8 @@ class SharedEngine:
                                 skip_reading_prefix_cache=not adapter.suffix_mode, detokenize=False,
                                 extra_args=extra)
         self._stats.gate_requests += 1
-        final = await _last(self.llm.generate(_prompt(ids, cache_salt), params,
-                                              request_id=f"gate-{uuid.uuid4().hex}"))
+        final = await final_output(self.llm.generate(_prompt(ids, cache_salt), params,
+                                                     request_id=f"gate-{uuid.uuid4().hex}"))
         assert final.outputs[0].logprobs, "a gate request returns its action logprobs"
         entry = final.outputs[0].logprobs[0]
         probs = {label: math.exp(entry[token].logprob) for label, token in zip(LABELS, self.action_ids, strict=True)}
@@ -369,7 +371,8 @@ class SharedEngine:
                                  for t in candidates):
             raise InvalidInput(f"candidates must be token ids in [0, {vocab}), got {list(candidates)}")
         params = SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=list(candidates), detokenize=False)
-        final = await _last(self.llm.generate(_prompt(ids, cache_salt), params, request_id=f"score-{uuid.uuid4().hex}"))
+        final = await final_output(self.llm.generate(_prompt(ids, cache_salt), params,
+                                                     request_id=f"score-{uuid.uuid4().hex}"))
         entry = final.outputs[0].logprobs[0]
         return [float(entry[t].logprob) for t in candidates], final.num_cached_tokens or 0
 
@@ -487,8 +490,9 @@ def _prompt(ids: list[int], cache_salt: str | None) -> dict[str, Any]:
     return {"prompt_token_ids": ids, **({"cache_salt": cache_salt} if cache_salt else {})}
 
 
-async def _last(stream: AsyncIterator[Any]) -> Any:
-    """The last item of an async stream (vLLM's and ours are cumulative)."""
+async def final_output(stream: AsyncIterator[Any]) -> Any:
+    """The last item of an async stream: a request's final output (vLLM's outputs and ours are cumulative).
+    Public for the benchmarks' peers, which drive vLLM engines of their own."""
     item = None
     async for item in stream:  # noqa: B007
         pass

@@ -33,7 +33,7 @@ gatehead_cpu_isa.apply()
 from gatehead.retrieval.config import EmbedderConfig  # noqa: E402
 from gatehead.retrieval.embedder import Embedder  # noqa: E402
 from gatehead.runtime.dtype import resolve_dtype  # noqa: E402
-from gatehead.testing import TinyModel, TinySpec, build_tiny  # noqa: E402
+from gatehead.tiny import TinyModel, TinySpec, build_tiny  # noqa: E402
 
 T = TypeVar("T")
 

@@ -9,7 +9,7 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from gatehead.testing import TinyModel
+from gatehead.tiny import TinyModel
 
 GATEHEAD = str(Path(sys.executable).parent / "gatehead")
 

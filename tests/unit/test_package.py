@@ -231,3 +231,14 @@ def test_no_module_over_500_lines_and_no_function_over_60() -> None:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 60:
                 long_functions.append(f"{rel}:{node.name} ({node.end_lineno - node.lineno + 1} lines)")
     assert long_files == [] and long_functions == []
+
+
+def test_the_unit_tier_mirrors_the_package_folders() -> None:
+    """A unit test lives in the folder of the package it tests (tests/unit/<package>/); at the top only the
+    top-level modules' tests."""
+    unit = ROOT / "tests" / "unit"
+    folders = sorted(p.name for p in unit.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
+    assert set(folders) <= {*SUBPACKAGES, "benchmarks"}
+    assert set(SUBPACKAGES) <= set(folders), f"no unit tests folder for {sorted(set(SUBPACKAGES) - set(folders))}"
+    top = sorted(p.stem.removeprefix("test_") for p in unit.glob("test_*.py"))
+    assert all((ROOT / f"{name}.py").exists() or name == "package" for name in top), top

@@ -27,7 +27,7 @@ from gatehead.evals.run import Outcome, run_eval
 from gatehead.evals.squad import convert_squad
 from gatehead.provenance import read_ledger
 from gatehead.runtime.dtype import resolve_dtype
-from gatehead.testing import TinyModel
+from gatehead.tiny import TinyModel
 
 GATEHEAD = str(Path(sys.executable).parent / "gatehead")
 ENGINE = ["--max-model-len", "1024", "--block-size", "32", "--kv-mb", "128"]

@@ -24,7 +24,7 @@ from gatehead.gate.data import read_examples
 from gatehead.gate.prompt import Passage, PromptBuilder, PromptConfig
 from gatehead.gate.reference import HFReference
 from gatehead.gate.train import TrainConfig, train_gate
-from gatehead.testing import TinyModel, TinySpec, build_tiny
+from gatehead.tiny import TinyModel, TinySpec, build_tiny
 
 GATEHEAD = str(Path(sys.executable).parent / "gatehead")
 QUESTIONS = [("How long is the router warranty?", "The router warranty lasts two years."),

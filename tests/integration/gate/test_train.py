@@ -16,7 +16,7 @@ from gatehead.gate.data import read_examples
 from gatehead.gate.metrics import classification_metrics, softmax
 from gatehead.gate.policy import Thresholds
 from gatehead.gate.train import TrainConfig, train_gate
-from gatehead.testing import TinyModel
+from gatehead.tiny import TinyModel
 
 GATEHEAD = str(Path(sys.executable).parent / "gatehead")
 

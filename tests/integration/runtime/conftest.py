@@ -18,7 +18,7 @@ from gatehead.evals.agreement import Agreement, agreement, fidelity_bounds, fide
 from gatehead.gate.reference import HFReference
 from gatehead.runtime.dtype import resolve_dtype
 from gatehead.runtime.engine import EngineConfig, SharedEngine
-from gatehead.testing import TinyModel
+from gatehead.tiny import TinyModel
 
 HOST_DTYPE = resolve_dtype("auto")  # what engines started with dtype auto run here (tests/conftest.py)
 

@@ -8,7 +8,7 @@ from gatehead.evals.agreement import shared_gate_probs
 from gatehead.evals.stability import check_stability
 from gatehead.evals.workload import synthetic_requests
 from gatehead.runtime.engine import EngineConfig, SharedEngine
-from gatehead.testing import TinySpec, build_tiny
+from gatehead.tiny import TinySpec, build_tiny
 
 
 @pytest.fixture(scope="module", params=["qwen2", "llama"])

@@ -14,7 +14,7 @@ from gatehead.gate.policy import Thresholds
 from gatehead.gate.prompt import Passage
 from gatehead.runtime.engine import WARM_UP, EngineConfig, SharedEngine
 from gatehead.runtime.plugin import GATE_FLAG
-from gatehead.testing import TinyModel, TinySpec
+from gatehead.tiny import TinyModel, TinySpec
 
 DOCS = [Passage("The warranty covers defects for two years.", "Warranty", "kb/w.md", 0.9)]
 

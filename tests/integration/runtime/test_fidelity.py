@@ -12,7 +12,7 @@ from gatehead.evals.workload import synthetic_prompts
 from gatehead.gate.policy import decide_all
 from gatehead.runtime.dedicated import export_dedicated
 from gatehead.runtime.engine import SharedEngine
-from gatehead.testing import TinyModel
+from gatehead.tiny import TinyModel
 
 N_STABILITY = 64
 N_AGREEMENT = 256

@@ -8,7 +8,7 @@ from gatehead.evals.agreement import agreement, no_further_from_fp32, shared_gat
 from gatehead.evals.stability import check_stability
 from gatehead.evals.workload import synthetic_requests
 from gatehead.runtime.engine import EngineConfig, SharedEngine
-from gatehead.testing import TinyModel
+from gatehead.tiny import TinyModel
 
 
 @pytest.fixture(scope="module")

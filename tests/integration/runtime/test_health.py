@@ -11,7 +11,7 @@ import pytest
 
 from gatehead.evals.workload import synthetic_requests
 from gatehead.runtime.engine import EngineConfig, SharedEngine
-from gatehead.testing import TinyModel
+from gatehead.tiny import TinyModel
 
 
 async def fixed_run(engine: SharedEngine, prompts):

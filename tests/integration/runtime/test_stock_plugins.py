@@ -12,7 +12,7 @@ import pytest
 
 from gatehead.runtime.dedicated import export_dedicated
 from gatehead.runtime.plugin import PLUGIN_NAME, other_vllm_plugins, stock_vllm
-from gatehead.testing import TinyModel
+from gatehead.tiny import TinyModel
 
 PROBE = Path(__file__).with_name("plugin_probe.py")
 

@@ -17,7 +17,7 @@ from gatehead.gate.reference import HFReference
 from gatehead.runtime.canary import Canaries, CanaryConfig, GateRecord
 from gatehead.runtime.dtype import resolve_dtype
 from gatehead.runtime.engine import EngineConfig, SharedEngine
-from gatehead.testing import TinyModel
+from gatehead.tiny import TinyModel
 
 SUFFIX_LENGTH = 3  # tiny_suffix's (tests/conftest.py)
 HOST_DTYPE = resolve_dtype("auto")

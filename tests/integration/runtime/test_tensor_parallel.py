@@ -12,7 +12,7 @@ from gatehead.evals.agreement import agreement, shared_gate_probs
 from gatehead.evals.stability import check_stability
 from gatehead.evals.workload import synthetic_prompts, synthetic_requests
 from gatehead.runtime.engine import SharedEngine
-from gatehead.testing import TinyModel
+from gatehead.tiny import TinyModel
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from gatehead.gate.adapter import GATE_JSON, AdapterError, BaseIdentity, load_gate_adapter, save_gate_adapter
 from gatehead.gate.reference import HFReference
 from gatehead.gate.weights import fingerprint
-from gatehead.testing import TinyModel
+from gatehead.tiny import TinyModel
 
 WEIGHTS = "adapter_model.safetensors"
 

@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from gatehead.gate.prompt import Passage, Turn
 from gatehead.gate.reference import HFReference
-from gatehead.testing import TinyModel
+from gatehead.tiny import TinyModel
 
 QUESTIONS = ["How long is the warranty?", "Who won the match?", "Reset the router?", "Price of the premium plan?"]
 

@@ -9,7 +9,7 @@ import pytest
 
 from gatehead.gate.reference import HFReference
 from gatehead.gate.weights import fingerprint
-from gatehead.testing import RESERVED_TOKENS, TinySpec, build_tiny
+from gatehead.tiny import RESERVED_TOKENS, TinySpec, build_tiny
 
 
 def test_build_is_deterministic(tiny, tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import pytest
 from gatehead.agent import Agent, AgentConfig, Engine
 from gatehead.agent.nodes import POST_GATE_PRIORITY
 from gatehead.agent.prompts import CLARIFY, NOT_FOUND, REFUSAL
-from gatehead.agent.transcript import format_turn
+from gatehead.cli.transcript import format_turn
 from gatehead.errors import InvalidInput
 from gatehead.testing import ScriptedStore as Store
 
