@@ -144,3 +144,18 @@ def run_threads(config, out: Path, threads_path: Path | None = None, store_confi
     misses = [r for r in rows if not r["right"]][:40]
     result = {"figures": figures, "misses": misses, "threads_file": str(threads_path or THREADS)}
     return Outcome(passed, result, report, summary={"right_value": rate, **figures["rewrites_adding_a_name"]})
+
+
+MISS_CAUSES = {("answer", ""): "answered with another value", ("refuse", "gate"): "refused by the gate",
+               ("refuse", "generated"): "refused by the generator", ("clarify", ""): "asked back"}
+
+
+def miss_causes(misses: list[dict]) -> dict[str, int]:
+    """What became of the listed misses that expected an answer: {cause: turns}, in `MISS_CAUSES`' order
+    (any other outcome, such as a search that found nothing, counted as "other")."""
+    counts = dict.fromkeys(MISS_CAUSES.values(), 0)
+    for row in misses:
+        if row["expect"] == "answer":
+            cause = MISS_CAUSES.get((row["decision"], row.get("refusal_reason") or ""), "other")
+            counts[cause] = counts.get(cause, 0) + 1
+    return {cause: n for cause, n in counts.items() if n}

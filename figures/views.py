@@ -67,8 +67,14 @@ def _threads_eval_view(envelopes: list[dict]) -> str:
             ["answers flagged `grounded: false`", f["answers_flagged_ungrounded"]],
             ["turns that failed", f["errors"]]]
     from gatehead.demo.targets import outcome_line, threads_targets
+    from gatehead.evals.threads import miss_causes
 
+    misses = e["results"].get("misses", [])
+    missed = f["right_value_on_answerable"]["turns"] - f["right_value_on_answerable"]["right"]
+    causes = ", ".join(f"{n} {cause}" for cause, n in miss_causes(misses).items())
+    listed = "" if sum(m["expect"] == "answer" for m in misses) == missed else " (of those the file lists)"
     return (_measured(e) + f"; {f['threads']} threads, {f['turns']} turns.\n\n" + table(["figure", "value"], rows)
+            + (f"\nThe {missed} missed answerable turns{listed}: {causes}.\n" if causes else "")
             + outcome_line(threads_targets(f)))
 
 

@@ -38,3 +38,17 @@ def test_scores_count_the_turns_they_are_given() -> None:
     assert figures["asked_back_where_expected"]["rate"] == 1.0 and figures["refused_where_expected"]["rate"] is None
     assert figures["rewrites_adding_a_name"] == {"model": 1, "used": 0}
     assert figures["answers_flagged_ungrounded"] == 1 and figures["threads"] == 2
+
+
+def test_the_misses_are_told_apart_by_what_became_of_them() -> None:
+    from gatehead.evals.threads import miss_causes
+
+    def miss(expect: str, decision: str, reason: str = "") -> dict:
+        return {"expect": expect, "decision": decision, "refusal_reason": reason}
+
+    misses = [miss("answer", "answer"), miss("answer", "answer"), miss("answer", "refuse", "gate"),
+              miss("answer", "refuse", "generated"), miss("answer", "clarify"), miss("answer", "refuse", "not found"),
+              miss("refuse", "answer"), miss("clarify", "refuse", "gate")]  # expected no answer: not counted
+    assert miss_causes(misses) == {"answered with another value": 2, "refused by the gate": 1,
+                                   "refused by the generator": 1, "asked back": 1, "other": 1}
+    assert miss_causes([]) == {}
