@@ -97,11 +97,13 @@ def _git(*args: str, root: Path) -> str:
     return done.stdout.strip()
 
 
-def commit(root: Path = ROOT) -> tuple[str | None, bool]:
-    """(HEAD's sha, whether the tree differs from it beyond `RUN_OUTPUTS`); (None, True) outside a git tree."""
+def commit(root: Path = ROOT, exclude: tuple[str, ...] = ()) -> tuple[str | None, bool]:
+    """(HEAD's sha, whether the tree differs from it beyond `RUN_OUTPUTS` and `exclude`, paths relative to
+    `root`); (None, True) outside a git tree."""
     try:
         sha = _git("rev-parse", "HEAD", root=root)
-        dirty = bool(_git("status", "--porcelain", "--", ".", *(f":!{p}" for p in RUN_OUTPUTS), root=root))
+        dirty = bool(_git("status", "--porcelain", "--", ".", *(f":!{p}" for p in (*RUN_OUTPUTS, *exclude)),
+                          root=root))
     except (OSError, subprocess.SubprocessError):
         return None, True
     return sha, dirty

@@ -26,11 +26,12 @@ class Outcome:
 
     def text(self) -> str:
         bound = f"{self.bound:.0%}" if float(round(self.bound * 100, 6)).is_integer() else f"{self.bound:.1%}"
+        target = f"<= {self.bound:g}" if self.at_most else f">= {bound}"
+        if self.figure is None:
+            return f"{self.what} {target}: not in these figures"
         if self.at_most:
             verdict = "met" if self.met else "**missed**"
             return f"{self.what} <= {self.bound:g}: {verdict} ({self.figure:g})"
-        if self.figure is None:
-            return f"{self.what} >= {bound}: not in these figures"
         if self.met:
             return f"{self.what} >= {bound}: met ({self.figure:.1%})"
         return (f"{self.what} >= {bound}: **missed** by {100 * (self.bound - self.figure):.1f} points "

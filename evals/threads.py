@@ -85,6 +85,7 @@ def score(rows: Sequence[dict]) -> dict[str, Any]:
                                    "used": sum(bool(r["names_added_used"]) for r in rows)},
         "answers_flagged_ungrounded": sum(r["grounded"] is False for r in rows),
         "decisions": dict(Counter(r["decision"] for r in rows)),
+        "missed_answerable_by_cause": miss_causes([r for r in answerable if not r["right"]]),
         "errors": sum(bool(r["error"]) for r in rows),
     }
 
@@ -150,8 +151,8 @@ MISS_CAUSES = {("answer", ""): "answered with another value", ("refuse", "gate")
                ("refuse", "generated"): "refused by the generator", ("clarify", ""): "asked back"}
 
 
-def miss_causes(misses: list[dict]) -> dict[str, int]:
-    """What became of the listed misses that expected an answer: {cause: turns}, in `MISS_CAUSES`' order
+def miss_causes(misses: Sequence[dict]) -> dict[str, int]:
+    """What became of the missed turns that expected an answer: {cause: turns}, in `MISS_CAUSES`' order
     (any other outcome, such as a search that found nothing, counted as "other")."""
     counts = dict.fromkeys(MISS_CAUSES.values(), 0)
     for row in misses:

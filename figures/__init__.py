@@ -67,7 +67,10 @@ def _render_pages() -> int:
         print(f"{page}: {changed} figure block(s) re-rendered", file=sys.stderr)
     for source in dict.fromkeys(missing):
         print(f"  not rendered, no results file: {source} (gatehead figures writes it)", file=sys.stderr)
-    return 1 if missing else 0
+    loose = unrendered()
+    for path in loose:
+        print(f"  {path}: no page renders or names it (add a figure block, or remove it)", file=sys.stderr)
+    return 1 if missing or loose else 0
 
 
 def main(config: FiguresConfig) -> int:

@@ -3,7 +3,7 @@ what it measured (fingerprints)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,12 +36,26 @@ class Item:
     sealed: bool = False  # reads held-out data that is read once per committed model
     limit_minutes: float = 0.0  # 0: three times the expected minutes
     cuda: bool = False  # runs on a CUDA GPU only: left out of a run of every item on a machine without one
+    # What the command measures where the fingerprinted folder only identifies it: the demo items fingerprint
+    # the committed generator (`demo/generator`) and measure the model built from it, whose fingerprint is the
+    # one a reading of test data records in the ledger (`demo.sealed.unseal`). Called with `build`: whether it
+    # may build the model (else None where it is not built).
+    measured_model: Callable[[bool], Path | None] | None = None
 
     @property
     def limit_s(self) -> float:
         return 60 * (self.limit_minutes or 3 * self.minutes)
 
 
+def demo_model(build: bool) -> Path | None:
+    """The demo model the demo items measure: built from the committed generator if `build`, else as built."""
+    from gatehead.demo import MODEL_DIR
+    from gatehead.demo.base import ensure_demo_model
+
+    return ensure_demo_model() if build else (MODEL_DIR if MODEL_DIR.is_dir() else None)
+
+
+SEALED_DEMO = {"sealed": True, "measured_model": demo_model}  # an item that reads the demo's test split
 DEMO = (("model", DEMO_MODEL), ("adapter", DEMO_ADAPTER))  # the prompt-mode gate
 DEMO_DEFAULT = (("model", DEMO_MODEL), ("adapter", DEMO_SUFFIX_ADAPTER))  # the demo's default gate (suffix mode)
 DEMO_BOTH = DEMO + (("suffix_adapter", DEMO_SUFFIX_ADAPTER),)
@@ -87,15 +101,15 @@ ITEMS: tuple[Item, ...] = (
          _eval("dataset", "--demo", "val"), "dir", DEMO_DEFAULT,
          ok_codes=(0, 1)),
     Item("eval-dataset-test", "the agent over the demo's held-out test split: read once per committed model", 20,
-         _eval("dataset", "--demo", "test"), "dir", DEMO_DEFAULT, ok_codes=(0, 1), sealed=True),
+         _eval("dataset", "--demo", "test"), "dir", DEMO_DEFAULT, ok_codes=(0, 1), **SEALED_DEMO),
     Item("eval-threads-test", "the agent over the hand-written threads (test products): read once per committed model",
-         8, _eval("threads"), "dir", DEMO_DEFAULT, ok_codes=(0, 1), sealed=True),
+         8, _eval("threads"), "dir", DEMO_DEFAULT, ok_codes=(0, 1), **SEALED_DEMO),
     Item("demo-val", "the demo kit's figures on its validation split (model and calibration chosen on it), default "
          "gate", 40, _evaluate("val", "--adapter", "adapter-suffix"), "file", DEMO_DEFAULT),
     Item("demo-test", "the demo kit's held-out test figures, default gate: read once per committed model", 45,
-         _evaluate("test", "--adapter", "adapter-suffix"), "file", DEMO_DEFAULT, sealed=True),
+         _evaluate("test", "--adapter", "adapter-suffix"), "file", DEMO_DEFAULT, **SEALED_DEMO),
     Item("demo-test-prompt", "the prompt-mode gate alone on the held-out test sets: read once per committed gate", 20,
-         _evaluate("test", "--adapter", "adapter", "--gate-only"), "file", DEMO, sealed=True),
+         _evaluate("test", "--adapter", "adapter", "--gate-only"), "file", DEMO, **SEALED_DEMO),
     Item("agent-ttft", "answer time to first token after the gate vs cold, demo model", 2,
          ("{python}", "-m", "gatehead.benchmarks.agent_ttft", "--block-size", "32"), "stdout", DEMO),
     Item("guard-rates", "the degenerate-output guard's rates and engine-fault drill, demo model", 20,

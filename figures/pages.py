@@ -30,15 +30,19 @@ class NotAnEnvelope(ValueError):
 
 def load_envelope(source: str, root: Path = ROOT) -> dict:
     data = json.loads((root / source).read_text())
-    if not (isinstance(data, dict) and {"item", "fingerprints", "results", "commit"} <= data.keys()):
+    if not (isinstance(data, dict) and {"item", "fingerprints", "results", "commit", "dirty"} <= data.keys()):
         raise NotAnEnvelope(f"{source}: not a `gatehead figures` envelope (a block renders only what "
                             "`gatehead figures` measured, with its commit and fingerprints)")
     return data
 
 
 def stale(envelope: dict, root: Path = ROOT) -> bool:
-    """Whether an envelope was measured on other weights than the committed model and adapter."""
-    return envelope["fingerprints"] != fingerprints(by_name([envelope["item"]])[0], root)
+    """Whether an envelope was measured on other weights than the committed model and adapter (or on weights
+    this checkout does not hold, such as a model built under `.cache/`)."""
+    try:
+        return envelope["fingerprints"] != fingerprints(by_name([envelope["item"]])[0], root)
+    except FileNotFoundError:
+        return True
 
 
 def render_block(source: str, view: str, root: Path = ROOT) -> str:
@@ -49,7 +53,9 @@ def render_block(source: str, view: str, root: Path = ROOT) -> str:
     if view not in VIEWS:
         raise ValueError(f"unknown figures view {view!r}; known: {sorted(VIEWS)}")
     envelopes = [load_envelope(one, root) for one in source.split(",")]
-    old = list(dict.fromkeys(f"`gatehead figures --only {e['item']}`" for e in envelopes if stale(e, root)))
+    old = list(dict.fromkeys(f"`gatehead figures --only {e['item']}`" + (
+        " (sealed test data: refused where the committed weights have read it already; `--reread` then makes a "
+        "development figure)" if by_name([e["item"]])[0].sealed else "") for e in envelopes if stale(e, root)))
     if old:
         return (f"*Not yet measured on the committed demo model (these figures were measured on an earlier model "
                 f"or adapter): {', '.join(old)}.*\n")
@@ -91,11 +97,11 @@ def unrendered(root: Path = ROOT, pages: tuple[str, ...] = PAGES) -> list[str]:
     """Results files no page accounts for: an envelope under `docs/figures/` that no block renders, a file
     under `docs/history/` that no page names, and any file under a results folder outside those two."""
     texts = [(root / page).read_text() for page in pages]
-    texts += [p.read_text() for p in sorted((root / "docs").glob("*.md")) if p.name not in pages]
+    texts += [p.read_text() for p in sorted((root / "docs").glob("*.md")) if str(p.relative_to(root)) not in pages]
     sources = {one for text in texts for m in BLOCK.finditer(text) for one in m["source"].split(",")}
     found = [str(p.relative_to(root)) for p in sorted((root / LIVE).glob("*")) if p.is_file()
              and str(p.relative_to(root)) not in sources]
-    named = set(re.findall(rf"{ARCHIVE}/[^\s`'\")\]]+", "\n".join(texts)))  # the archive paths pages name
+    named = {m.rstrip(".:;") for m in re.findall(rf"{ARCHIVE}/[^\s`'\"),\]]+", "\n".join(texts))}  # archive paths named
     for path in sorted((root / ARCHIVE).rglob("*")):
         folders = [f"{parent.relative_to(root)}/" for parent in path.parents if root / ARCHIVE in parent.parents]
         if path.is_file() and str(path.relative_to(root)) not in named and not named.intersection(folders):

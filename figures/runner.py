@@ -83,9 +83,10 @@ def _results(item: Item, out: Path, folder: Path, stdout: str) -> dict:
     return json.loads(stdout)
 
 
-def sealed_read(item: Item, figures_dir: Path, root: Path = ROOT) -> bool:
+def sealed_read(item: Item, figures_dir: Path, root: Path = ROOT, build: bool = False) -> bool:
     """Whether the model and adapter committed now were already measured on a sealed item's test split:
-    its file holds such a reading, or the ledger records one (`demo.sealed`, any command that read it)."""
+    its file holds such a reading, or the ledger records one (`demo.sealed`, any command that read it) of the
+    weights the item measures (`Item.measured_model`; `build`: the model may be built to fingerprint it)."""
     from gatehead.demo.sealed import readings
 
     if not item.sealed:
@@ -94,14 +95,38 @@ def sealed_read(item: Item, figures_dir: Path, root: Path = ROOT) -> bool:
     path = figures_dir / f"{item.name}.json"
     if path.exists() and json.loads(path.read_text()).get("fingerprints") == now:
         return True
-    return bool(readings({k: v for k, v in now.items() if k in ("model", "adapter")}, root / LEDGER))
+    recorded = {k: v for k, v in now.items() if k in ("model", "adapter")}
+    if item.measured_model is not None:
+        model = item.measured_model(build)
+        if model is None:  # not built here: no reading of it can be matched (run_item builds it first)
+            return False
+        recorded["model"] = fingerprint(model)
+    return bool(readings(recorded, root / LEDGER))
+
+
+def _inside(path: Path | None, root: Path) -> tuple[str, ...]:
+    """`path` relative to `root` where it lies inside it (what a run writes there is not a change measured)."""
+    if path is None:
+        return ()
+    try:
+        return (str(Path(path).resolve().relative_to(root.resolve())),)
+    except ValueError:
+        return ()
 
 
 def run_item(item: Item, figures_dir: Path = FIGURES_DIR, root: Path = ROOT, reread: bool = False,
              log_dir: Path | None = None, allow_dirty: bool = False) -> dict:
     """Run one item; on success write and return its envelope. Raises RuntimeError on failure, and before
     running on a tree with uncommitted changes unless `allow_dirty` (the envelope then records `dirty`)."""
-    earlier = sealed_read(item, figures_dir, root)
+    # What `gatehead figures` itself writes (the envelopes, the ledger, its logs) is not a change to the code.
+    commit, dirty = provenance.commit(root, exclude=_inside(figures_dir, root) + _inside(log_dir, root))
+    if commit is None:
+        raise RuntimeError(f"gatehead figures measures a git checkout's commit, and {root} is none")
+    if dirty and (item.sealed or not allow_dirty):
+        raise RuntimeError(f"{root} has uncommitted changes: a figure measures a commit (commit first" + (
+            "; an item that reads sealed test data is read once, on committed code only)" if item.sealed else
+            ", or --dirty to measure anyway: the envelope and every block that renders it say so)"))
+    earlier = sealed_read(item, figures_dir, root, build=True)
     if earlier and not reread:
         raise RuntimeError(f"{item.name} reads sealed held-out data and was read on this model and adapter "
                            f"({figures_dir / (item.name + '.json')}); --reread reads it again, as a development figure")
@@ -110,13 +135,6 @@ def run_item(item: Item, figures_dir: Path = FIGURES_DIR, root: Path = ROOT, rer
     log = (log_dir or work) / f"{item.name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     env = environment(item, out, folder)
-    # What `gatehead figures` itself writes (the envelopes, the ledger) does not make the measured code dirty.
-    commit, dirty = provenance.commit(root)
-    if commit is None:
-        raise RuntimeError(f"gatehead figures measures a git checkout's commit, and {root} is none")
-    if dirty and not allow_dirty:
-        raise RuntimeError(f"{root} has uncommitted changes: a figure measures a commit (commit first, or "
-                           "--dirty to measure anyway: the envelope and every block that renders it say so)")
     done, started = threading.Event(), time.monotonic()
     bar = threading.Thread(target=_progress, args=(item.name, 60 * item.minutes, done), daemon=True)
     bar.start()

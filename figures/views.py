@@ -69,10 +69,12 @@ def _threads_eval_view(envelopes: list[dict]) -> str:
     from gatehead.demo.targets import outcome_line, threads_targets
     from gatehead.evals.threads import miss_causes
 
-    misses = e["results"].get("misses", [])
     missed = f["right_value_on_answerable"]["turns"] - f["right_value_on_answerable"]["right"]
-    causes = ", ".join(f"{n} {cause}" for cause, n in miss_causes(misses).items())
-    listed = "" if sum(m["expect"] == "answer" for m in misses) == missed else " (of those the file lists)"
+    # Counted over every turn since the figures hold it; before, over the misses the envelope lists (at most 40).
+    misses = [m for m in e["results"].get("misses", []) if m["expect"] == "answer"]
+    by_cause = f.get("missed_answerable_by_cause", miss_causes(misses))
+    causes = ", ".join(f"{n} {cause}" for cause, n in by_cause.items())
+    listed = "" if sum(by_cause.values()) == missed else " (of those the file lists)"
     return (_measured(e) + f"; {f['threads']} threads, {f['turns']} turns.\n\n" + table(["figure", "value"], rows)
             + (f"\nThe {missed} missed answerable turns{listed}: {causes}.\n" if causes else "")
             + outcome_line(threads_targets(f)))

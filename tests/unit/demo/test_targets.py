@@ -36,11 +36,15 @@ def test_the_threads_targets_and_an_unmeasured_figure() -> None:
     assert [o.met for o in threads_targets(figures)] == [True, False]
     assert "rewrites adding a name, used <= 0: **missed** (1)" in outcome_line(threads_targets(figures))
     assert Outcome("x", 0.5, None).met is None and "not in these figures" in Outcome("x", 0.5, None).text()
+    assert Outcome("n", 0, None, at_most=True).text() == "n <= 0: not in these figures"
 
 
 def test_the_pages_render_the_line_from_the_committed_envelopes() -> None:
     """Wherever a page renders the threads or the test sets, the targets' line is the envelope's own."""
     from gatehead.figures.views import VIEWS
 
-    envelope = json.loads((ROOT / "docs/history/12.8m-figures/demo-test.json").read_text())
-    assert VIEWS["demo-sets"]([envelope]).endswith(outcome_line(demo_sets_targets(envelope["results"])))
+    envelope = json.loads((ROOT / "docs/figures/demo-test.json").read_text())
+    line = outcome_line(demo_sets_targets(envelope["results"]))
+    assert line.startswith("\nTargets: phrased, unseen families: gate >= 93%: ") and line.count(": met (") + line.count(
+        "**missed**") == 7  # every target judged, none left unmeasured
+    assert VIEWS["demo-sets"]([envelope]).endswith(line)

@@ -38,6 +38,7 @@ def test_scores_count_the_turns_they_are_given() -> None:
     assert figures["asked_back_where_expected"]["rate"] == 1.0 and figures["refused_where_expected"]["rate"] is None
     assert figures["rewrites_adding_a_name"] == {"model": 1, "used": 0}
     assert figures["answers_flagged_ungrounded"] == 1 and figures["threads"] == 2
+    assert figures["missed_answerable_by_cause"] == {"answered with another value": 1}  # over every turn
 
 
 def test_the_misses_are_told_apart_by_what_became_of_them() -> None:

@@ -28,6 +28,12 @@ def root(tmp_path: Path) -> Path:
     return repo
 
 
+def commit_all(repo: Path) -> None:
+    subprocess.run(["git", "-C", str(repo), "add", "-A"], check=True)
+    subprocess.run(["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "next"],
+                   check=True)
+
+
 def item(code: str = WRITE, **overrides) -> Item:
     base = dict(name="toy", about="a toy figure", minutes=0.05, argv=("{python}", "-c", code, "{out}"),
                 results="file", fingerprints=(("model", "m"),))
@@ -90,9 +96,12 @@ def test_sealed_data_is_read_once_per_model(root: Path, tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="sealed held-out data"):
         run_item(sealed, out, root)
     assert run_item(sealed, out, root, reread=True)["reread"] is True
-    (root / "m" / "weights.bin").write_bytes(b"new model")  # a new model may read it once
+    (root / "m" / "weights.bin").write_bytes(b"new model")  # a new model may read it once, committed
     assert not sealed_read(sealed, out, root)
-    assert run_item(sealed, out, root, allow_dirty=True)["reread"] is False
+    with pytest.raises(RuntimeError, match="read once, on committed code only"):
+        run_item(sealed, out, root, allow_dirty=True)
+    commit_all(root)
+    assert run_item(sealed, out, root)["reread"] is False
 
 
 def test_a_reading_the_ledger_records_counts_as_the_first(root: Path, tmp_path: Path) -> None:
@@ -110,6 +119,34 @@ def test_a_reading_the_ledger_records_counts_as_the_first(root: Path, tmp_path: 
     with pytest.raises(RuntimeError, match="sealed held-out data"):
         run_item(sealed, out, root)
     assert run_item(sealed, out, root, reread=True)["reread"] is True  # a development figure
+
+
+def test_a_reading_of_the_model_built_from_the_fingerprinted_folder_counts(root: Path, tmp_path: Path) -> None:
+    """The demo items fingerprint the committed generator and measure the model built from it: the ledger
+    records the built model's fingerprint, and that reading is the item's."""
+    from gatehead.provenance import append_to_ledger
+
+    built = tmp_path / "built-model"
+    built.mkdir()
+    (built / "weights.bin").write_bytes(b"merged")
+    out = tmp_path / "figs"
+    sealed = item(sealed=True, measured_model=lambda build: built)
+    unbuilt = item(sealed=True, measured_model=lambda build: built if build else None)
+    reading = {"kind": "sealed-read", "file": "demo/data/test.jsonl", "fingerprints": {"model": fingerprint(built)}}
+    assert not sealed_read(sealed, out, root)
+    append_to_ledger(root / figures.LEDGER, reading)
+    commit_all(root)
+    assert sealed_read(sealed, out, root) and not sealed_read(unbuilt, out, root)
+    assert sealed_read(unbuilt, out, root, build=True)
+    with pytest.raises(RuntimeError, match="sealed held-out data"):
+        run_item(unbuilt, out, root)  # run_item builds it to look
+
+
+def test_logs_inside_the_repository_leave_it_clean(root: Path, tmp_path: Path) -> None:
+    out = root / "figs"
+    first = run_item(item(), out, root, log_dir=root / "logs")
+    assert first["dirty"] is False and (root / "logs" / "toy.log").exists()
+    assert run_item(item(), out, root, log_dir=root / "logs")["dirty"] is False  # its own outputs are not changes
 
 
 def test_stdout_and_folder_results(root: Path, tmp_path: Path) -> None:
