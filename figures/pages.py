@@ -14,7 +14,7 @@ import json
 import re
 from pathlib import Path
 
-from gatehead.figures.items import ROOT, by_name
+from gatehead.figures.items import ITEMS, ROOT, by_name
 from gatehead.figures.runner import fingerprints
 from gatehead.figures.views import VIEWS
 
@@ -52,13 +52,15 @@ def render_block(source: str, view: str, root: Path = ROOT) -> str:
     changes, a last line saying so."""
     if view not in VIEWS:
         raise ValueError(f"unknown figures view {view!r}; known: {sorted(VIEWS)}")
-    envelopes = [load_envelope(one, root) for one in source.split(",")]
-    old = list(dict.fromkeys(f"`gatehead figures --only {e['item']}`" + (
-        " (sealed test data: refused where the committed weights have read it already; `--reread` then makes a "
-        "development figure)" if by_name([e["item"]])[0].sealed else "") for e in envelopes if stale(e, root)))
-    if old:
-        return (f"*Not yet measured on the committed demo model (these figures were measured on an earlier model "
-                f"or adapter): {', '.join(old)}.*\n")
+    sources = source.split(",")
+    absent = [one for one in sources if not (root / one).exists()]
+    envelopes = [load_envelope(one, root) for one in sources if one not in absent]
+    old = {e["item"] for e in envelopes if stale(e, root)}
+    if absent or old:
+        pending = [_measures(one) + (_SEALED if Path(one).stem in old and by_name([Path(one).stem])[0].sealed else "")
+                   for one in sources if one in absent or Path(one).stem in old]
+        why = " (the figures on file were measured on an earlier model or adapter)" if old else ""
+        return f"*Not yet measured on the committed model{why}: {', '.join(dict.fromkeys(pending))}.*\n"
     body = VIEWS[view](envelopes)
     again = [e["item"] for e in envelopes if e.get("reread")]
     if again:
@@ -70,6 +72,18 @@ def render_block(source: str, view: str, root: Path = ROOT) -> str:
     return body
 
 
+_SEALED = (" (sealed test data: refused where the committed weights have read it already; `--reread` then makes a "
+           "development figure)")
+
+
+def _measures(source: str) -> str:
+    """What writes an envelope: `gatehead figures --only ITEM` for `docs/figures/ITEM.json`."""
+    name = Path(source).stem
+    if Path(source).parent.as_posix() != LIVE or name not in {i.name for i in ITEMS}:
+        raise ValueError(f"{source}: no `gatehead figures` item writes it (blocks render `{LIVE}/<item>.json`)")
+    return f"`gatehead figures --only {name}`"
+
+
 def readme_problems(text: str, root: Path = ROOT) -> list[str]:
     """What is wrong with a page's figure blocks: missing sources, sources that are not envelopes, figures
     measured with uncommitted changes, and bodies that are not their sources' rendering."""
@@ -77,8 +91,12 @@ def readme_problems(text: str, root: Path = ROOT) -> list[str]:
     for match in BLOCK.finditer(text):
         source, view = match["source"], match["view"]
         missing = [s for s in source.split(",") if not (root / s).exists()]
-        if missing:
-            problems.extend(f"{s}: missing" for s in missing)
+        if missing:  # an item not yet measured: the block says so and names the command
+            try:
+                if render_block(source, view, root) != match["body"]:
+                    problems.append(f"{source} ({view}): the page's block differs from its rendering")
+            except ValueError:
+                problems.extend(f"{s}: missing, and no `gatehead figures` item writes it" for s in missing)
             continue
         try:
             envelopes = [load_envelope(one, root) for one in source.split(",")]
@@ -112,14 +130,16 @@ def unrendered(root: Path = ROOT, pages: tuple[str, ...] = PAGES) -> list[str]:
 
 
 def rewrite_readme(path: Path, root: Path = ROOT, missing: list[str] | None = None) -> int:
-    """Re-render every figure block of `path` whose files exist (the others, named in `missing`, stay as
-    they are); returns how many blocks changed."""
+    """Re-render every figure block of `path` (an item's envelope not yet measured renders as a line saying so;
+    a source no item writes is named in `missing` and its block stays as it is); returns how many changed."""
     text, changed = path.read_text(), 0
 
     def fill(match: re.Match) -> str:
         nonlocal changed
         absent = [s for s in match["source"].split(",") if not (root / s).exists()]
-        if absent:
+        try:
+            absent and [_measures(s) for s in absent]
+        except ValueError:
             if missing is not None:
                 missing.extend(absent)
             return match.group(0)

@@ -26,6 +26,19 @@ def test_every_results_file_is_rendered_or_named_by_a_page() -> None:
     assert unrendered() == []
 
 
+def test_every_item_has_a_block_that_says_when_it_is_not_measured(tmp_path: Path) -> None:
+    """Each item's envelope has a place on a page before it exists: the block says it is not yet measured and
+    what measures it, so a new figure lands in a table, never loose."""
+    texts = [(figures.ROOT / page).read_text() for page in figures.PAGES]
+    sources = {one for text in texts for m in BLOCK.finditer(text) for one in m["source"].split(",")}
+    assert {f"docs/figures/{item.name}.json" for item in figures.ITEMS} <= sources
+    assert render_block("docs/figures/demo-val.json", "demo-sets", tmp_path) == (
+        "*Not yet measured on the committed model: `gatehead figures --only demo-val`.*\n")
+    unknown = "<!-- figures docs/figures/no-such-item.json bench -->\n<!-- /figures -->"
+    assert readme_problems(unknown, tmp_path) == [
+        "docs/figures/no-such-item.json: missing, and no `gatehead figures` item writes it"]
+
+
 def _repo(root: Path) -> dict:
     """A repository holding the committed demo adapters and a bench-demo envelope of them; returns the envelope."""
     item = figures.by_name(["bench-demo"])[0]
@@ -51,7 +64,7 @@ def test_a_stale_table_a_missing_file_a_raw_file_and_another_model_are_caught(tm
     (tmp_path / SOURCE).write_text(json.dumps(envelope))
     assert readme_problems(block, tmp_path) == [f"{SOURCE} (bench): the page's table differs from the file's figures"]
     assert readme_problems(block.replace(SOURCE, "docs/figures/gone.json"), tmp_path) == [
-        "docs/figures/gone.json: missing"]
+        "docs/figures/gone.json: missing, and no `gatehead figures` item writes it"]
     raw = "docs/figures/raw.json"  # a benchmark's own results file: no commit, no fingerprints
     (tmp_path / raw).write_text(json.dumps(envelope["results"]))
     [problem] = readme_problems(block.replace(SOURCE, raw), tmp_path)
@@ -61,7 +74,7 @@ def test_a_stale_table_a_missing_file_a_raw_file_and_another_model_are_caught(tm
     (tmp_path / "demo/adapter/adapter_model.safetensors").write_bytes(b"another adapter")
     assert readme_problems(block, tmp_path) == [f"{SOURCE} (bench): the page's table differs from the file's figures"]
     assert render_block(SOURCE, "bench", tmp_path) == (
-        "*Not yet measured on the committed demo model (these figures were measured on an earlier model or "
+        "*Not yet measured on the committed model (the figures on file were measured on an earlier model or "
         "adapter): `gatehead figures --only bench-demo`.*\n")
     assert readme_problems(_block(SOURCE, "bench", tmp_path), tmp_path) == []
 
