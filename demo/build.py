@@ -362,12 +362,6 @@ def _demo_model() -> Path:
     return ensure_demo_model()
 
 
-def _kit_name(path: Path) -> str:
-    """A weights file as results name it: its path under demo/, else its folder and name (a model built under
-    the cache: no machine's path in a results file)."""
-    return str(path.relative_to(DEMO_DIR)) if path.is_relative_to(DEMO_DIR) else f"{path.parent.name}/{path.name}"
-
-
 def _write_json(path: Path, data: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
