@@ -76,10 +76,15 @@ _SEALED = (" (sealed test data: refused where the committed weights have read it
            "development figure)")
 
 
+def _an_item(source: str) -> bool:
+    """Whether a `gatehead figures` item writes `source`."""
+    return Path(source).parent.as_posix() == LIVE and Path(source).stem in {i.name for i in ITEMS}
+
+
 def _measures(source: str) -> str:
     """What writes an envelope: `gatehead figures --only ITEM` for `docs/figures/ITEM.json`."""
     name = Path(source).stem
-    if Path(source).parent.as_posix() != LIVE or name not in {i.name for i in ITEMS}:
+    if not _an_item(source):
         raise ValueError(f"{source}: no `gatehead figures` item writes it (blocks render `{LIVE}/<item>.json`)")
     return f"`gatehead figures --only {name}`"
 
@@ -136,12 +141,10 @@ def rewrite_readme(path: Path, root: Path = ROOT, missing: list[str] | None = No
 
     def fill(match: re.Match) -> str:
         nonlocal changed
-        absent = [s for s in match["source"].split(",") if not (root / s).exists()]
-        try:
-            absent and [_measures(s) for s in absent]
-        except ValueError:
+        unknown = [s for s in match["source"].split(",") if not (root / s).exists() and not _an_item(s)]
+        if unknown:  # no item writes it: the block stays as it is, and the caller hears of it
             if missing is not None:
-                missing.extend(absent)
+                missing.extend(unknown)
             return match.group(0)
         body = render_block(match["source"], match["view"], root)
         changed += body != match["body"]
