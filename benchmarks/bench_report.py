@@ -127,6 +127,38 @@ def targets(figures: dict) -> dict:
     return out
 
 
+def merge(parts: Sequence[dict]) -> dict:
+    """One results file of several `gatehead bench` runs of the same setups on the same machine, each over
+    other workloads (or concurrency levels): each run's figures joined, then the spreads, ratios and targets
+    computed again. Every ratio reads one workload's figures, which one part measured in one run. ValueError
+    when the parts cannot be one measurement: another machine, model, target set, run count or setups, or a
+    workload measured twice."""
+    first = parts[0]
+    for part in parts[1:]:
+        for key in ("machine", "model", "target_set"):
+            if part.get(key) != first.get(key):
+                raise ValueError(f"bench results differ in {key}: {first.get(key)!r} vs {part.get(key)!r}")
+        if len(part["runs"]) != len(first["runs"]) or set(part["runs"][0]) != set(first["runs"][0]):
+            raise ValueError("bench results to merge need the same setups and the same number of runs")
+    runs = []
+    for i in range(len(first["runs"])):
+        run: dict[str, dict] = {setup: {} for setup in first["runs"][i]}
+        for part in parts:
+            for setup, figures in part["runs"][i].items():
+                if twice := set(figures) & set(run[setup]):
+                    raise ValueError(f"{setup}: {sorted(twice)} measured by more than one of the merged runs")
+                run[setup].update(figures)
+        runs.append(run)
+    config = {**first["config"], "workloads": sorted({w for p in parts for w in p["config"]["workloads"]}),
+              "concurrency": sorted({c for p in parts for c in p["config"]["concurrency"]})}
+    merged = {**first, "command": "; ".join(p["command"] for p in parts), "date": max(p["date"] for p in parts),
+              "seconds": sum(p.get("seconds", 0) for p in parts), "config": config, "runs": runs,
+              "setups": spread(runs), "ratios": spread([ratios(r) for r in runs]),
+              "memory": next((p["memory"] for p in parts if "memory" in p["config"]["workloads"]), {})}
+    merged["targets"] = targets(merged)
+    return merged
+
+
 def _cell(figure: Any, digits: int = 1) -> str:
     if isinstance(figure, dict) and "median" in figure:
         return f"{figure['median']:.{digits}f} ({figure['min']:.{digits}f}-{figure['max']:.{digits}f})"

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 
 def _bench_view(envelopes: list[dict]) -> str:
-    from gatehead.benchmarks.bench_report import readme_tables
+    """One `gatehead bench` envelope, or several of one bench split over workloads (merged: one table)."""
+    from gatehead.benchmarks.bench_report import merge, readme_tables
 
-    [e] = envelopes
-    return readme_tables(e["results"])
+    if len(envelopes) == 1:
+        return readme_tables(envelopes[0]["results"])
+    return readme_tables(merge([e["results"] for e in envelopes]))
 
 
 def _threads_view(envelopes: list[dict]) -> str:

@@ -120,3 +120,38 @@ def test_the_default_setups_are_those_the_adapters_and_bindings_allow() -> None:
     assert default_setups(Path("suffix"), ("split", "shared")) == tuple(s for s in SETUPS if s not in prio)
     assert default_setups(None, ("shared",)) == tuple(s for s in SETUPS if s not in ("a_suffix", "a_overlap",
                                                                                     "b_split", *prio))
+
+
+def _part(results: dict, keys: set[str], workloads: list[str], concurrency: list[int], memory: bool) -> dict:
+    """`results` as a run over `keys` of every setup alone would have written it."""
+    runs = [{setup: {k: v for k, v in figures.items() if k in keys} for setup, figures in run.items()}
+            for run in results["runs"]]
+    return {**results, "command": f"bench {workloads} {concurrency}", "runs": runs,
+            "config": {**results["config"], "workloads": workloads, "concurrency": concurrency},
+            "memory": results["memory"] if memory else {}, "seconds": 10.0}
+
+
+def test_runs_over_other_workloads_merge_into_the_whole_runs_figures() -> None:
+    import json
+
+    from gatehead.benchmarks.bench_report import merge
+
+    whole = json.loads((Path(__file__).parents[3] / "docs/figures/bench-demo.json").read_text())["results"]
+    keys = {k for run in whole["runs"] for figures in run.values() for k in figures}
+    assert {"single_c1", "single_c8", "multi_turn", "refuse_c4", "prefix_reuse"} <= keys
+    parts = [_part(whole, {"single_c1", "refuse_c1"}, ["single", "refuse"], [1], False),
+             _part(whole, {"single_c4", "single_c8", "refuse_c4", "refuse_c8"}, ["single", "refuse"], [4, 8], False),
+             _part(whole, {"multi_turn"}, ["multi"], [1, 4, 8], False),
+             _part(whole, {"prefix_reuse"}, ["prefix", "memory"], [1, 4, 8], True)]
+    merged = merge(parts)
+    assert merged["setups"] == spread(whole["runs"])
+    assert merged["ratios"] == spread([ratios(r) for r in whole["runs"]])
+    assert merged["targets"] == targets({**whole, "ratios": merged["ratios"]})
+    assert len(merged["targets"]) == 4 and merged["seconds"] == 40.0
+    assert merged["config"]["workloads"] == ["memory", "multi", "prefix", "refuse", "single"]
+    with pytest.raises(ValueError, match="measured by more than one"):
+        merge([parts[0], parts[0]])
+    with pytest.raises(ValueError, match="differ in machine"):
+        merge([parts[0], {**parts[1], "machine": {**whole["machine"], "cpus": 4}}])
+    with pytest.raises(ValueError, match="same setups"):
+        merge([parts[0], {**parts[1], "runs": parts[1]["runs"][:2]}])
