@@ -92,11 +92,15 @@ def fidelity_references(model, adapter, gates: Sequence[Sequence[int]], dtype: s
     """The HF references `fidelity_bounds` takes, for engines running `dtype`: `fp32` (the reference), `same`
     (HF bf16; in fp32, where HF is the reference itself, HF fp64, fp32's own rounding) and `merged` (HF in
     `dtype` with the LoRA merged, as the dedicated engine holds it)."""
-    from gatehead.gate.reference import HFReference
+    from gatehead.gate.reference import HFReference, Trunk
 
-    fp32 = HFReference(model, adapter, "float32").gate_probs(gates)
-    same = HFReference(model, adapter, "float64" if dtype == "float32" else dtype).gate_probs(gates)
-    merged = HFReference(model, adapter, dtype, merged=True).gate_probs(gates)
+    # The unmerged gate in `dtype` records its stream at the branch layer; the merged one, whose layers below
+    # are the same weights, reads it there (bit for bit: `Trunk`), and computes k of N layers.
+    trunk = Trunk()
+    fp32 = HFReference(model, adapter, "float32").gate_probs(gates, trunk if dtype == "float32" else None)
+    same = HFReference(model, adapter, "float64" if dtype == "float32" else dtype).gate_probs(
+        gates, None if dtype == "float32" else trunk)
+    merged = HFReference(model, adapter, dtype, merged=True).gate_probs(gates, trunk)
     return {"fp32": fp32, "same": same, "merged": merged}
 
 

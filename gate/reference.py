@@ -11,7 +11,8 @@ Either in fp32 or bf16, on CPU or CUDA. It is slow by design and is not a servin
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -53,6 +54,58 @@ def merged_gate_classifier(model_dir: str | Path, adapter: GateAdapter, dtype: D
     model = model.merge_and_unload().to(getattr(torch, dtype))
     model.score.to(torch.float32)
     return model
+
+
+class Trunk:
+    """The residual stream entering the gate's branch layer (N - k), per prompt, as one prompt-mode reference
+    computed it; another reads it instead of computing layers 0..N-k-1 again. Exact where both hold those
+    layers as the same weights in the same dtype: the gate unmerged and with its LoRA merged (LoRA touches
+    layers >= N - k only; the merge is made in fp32 and cast, so the layers below keep the checkpoint's
+    weights in that dtype). The agreement's HF references use it (`evals.agreement`): their merged pass costs
+    k of N layers."""
+
+    def __init__(self) -> None:
+        self.rows: list = []
+        self.source: tuple | None = None
+
+    def check(self, reference: HFReference) -> None:
+        adapter = reference._require_adapter()
+        if adapter.suffix_mode:
+            raise ValueError("a trunk is recorded and read by prompt-mode gates only")
+        source = (str(reference.model_dir), str(adapter.path), reference.dtype)
+        if self.source is not None and self.source != source:
+            raise ValueError(f"this trunk was recorded by {self.source}: {source} cannot read it")
+        self.source = source
+
+    @contextlib.contextmanager
+    def around(self, reference: HFReference, index: int) -> Iterator[None]:
+        """Record prompt `index`'s stream at the branch layer (where it was not recorded), or read it there
+        with the layers below left out."""
+        import torch
+
+        base = reference.gate_model
+        decoder = (base.get_base_model() if hasattr(base, "get_base_model") else base).model
+        layers, branch = decoder.layers, reference._require_adapter().branch_layer
+        if index == len(self.rows):  # record
+            handle = layers[branch].register_forward_pre_hook(lambda _, args: self.rows.append(args[0].clone()))
+            try:
+                yield
+            finally:
+                handle.remove()
+            return
+        def read(_, args):
+            if args[0].shape != self.rows[index].shape:
+                raise ValueError(f"prompt {index} is not the one recorded: {tuple(args[0].shape)} against "
+                                 f"{tuple(self.rows[index].shape)}")
+            return (self.rows[index], *args[1:])
+
+        handle = layers[branch].register_forward_pre_hook(read)
+        decoder.layers = torch.nn.ModuleList(list(layers)[branch:])
+        try:
+            yield
+        finally:
+            handle.remove()
+            decoder.layers = layers
 
 
 class HFReference:
@@ -135,26 +188,30 @@ class HFReference:
             outputs.append(out[0, ids.shape[1]:].tolist())
         return outputs
 
-    def gate_logits(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
-        """Head logits [n, 3] (fp64, exact for every dtype), columns in the adapter's label order."""
+    def gate_logits(self, prompts: Sequence[Sequence[int]], trunk: Trunk | None = None) -> np.ndarray:
+        """Head logits [n, 3] (fp64, exact for every dtype), columns in the adapter's label order. With `trunk`
+        (prompt mode): an empty one records, per prompt, the residual stream entering the branch layer; a
+        recorded one is read instead of computing the layers below it (`Trunk` says when that is exact)."""
         import torch
 
         adapter = self._require_adapter()
+        if trunk is not None:
+            trunk.check(self)
         rows = []
-        for prompt in prompts:
+        for i, prompt in enumerate(prompts):
             ids = torch.tensor([list(prompt)], device=self.device)
             extra = {}
             if adapter.suffix_mode:
                 extra["alora_offsets"] = alora_offsets([prompt], adapter.invocation_tokens, len(prompt))
-            with torch.inference_mode():
+            with torch.inference_mode(), trunk.around(self, i) if trunk is not None else contextlib.nullcontext():
                 logits = self.gate_model(input_ids=ids, **extra).logits  # [1, 3]; HF pools the last token
             rows.append(logits[0].double().cpu().numpy())  # exact for bf16 and fp32 logits
         return np.stack(rows) if rows else np.zeros((0, len(LABELS)), dtype=np.float32)
 
-    def gate_probs(self, prompts: Sequence[Sequence[int]]) -> np.ndarray:
+    def gate_probs(self, prompts: Sequence[Sequence[int]], trunk: Trunk | None = None) -> np.ndarray:
         """Probabilities [n, 3] in the canonical label order ("answer", "refuse", "search")."""
         adapter = self._require_adapter()
-        probs = softmax(self.gate_logits(prompts).astype(np.float64))
+        probs = softmax(self.gate_logits(prompts, trunk).astype(np.float64))
         order = [adapter.spec.labels.index(label) for label in LABELS]
         return probs[:, order]
 

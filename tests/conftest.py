@@ -212,20 +212,15 @@ def demo_stock():
 
 @pytest.fixture(scope="session")
 def demo_gates(demo_shared) -> list[tuple[int, ...]]:
-    """Gate prompts of the first held-out demo questions (test, then val) with their retrieved documents:
-    256 where the engines run bf16, 128 where they run fp32.
-
-    bf16: not fewer, because the bf16 bounds are largest moves over the gates measured, and over the first 128
-    the emulated-bf16 host's HF bf16 vs fp32 maximum (0.0053) was below the shared engine's distance from the
-    dedicated one (0.0088), which over 256 it is not on either CPU kind. fp32: the references cost 5 s a gate
-    on one AVX2 core (HF fp32, fp64 and merged fp32: 1.3, 2.6 and 1.0 s), 20 minutes over 256 gates, the
-    suite's longest step on the fp32 kinds; over 128 the fp32 bounds hold with the margins the run records
-    (`demo/agreement/bounds`), and the gates still take all three decisions (the test asserts it)."""
+    """Gate prompts of the first 256 held-out demo questions (test, then val) with their retrieved documents.
+    Not fewer: the bf16 bounds are largest moves over the gates measured, and over the first 128 the
+    emulated-bf16 host's HF bf16 vs fp32 maximum (0.0053) was below the shared engine's distance from the
+    dedicated one (0.0088), which over 256 it is not on either CPU kind. The same holds in fp32: over the
+    first 128 on an AVX2 host (2026-12-06) the shared engine's largest distance from HF fp32 (3.5e-6) was
+    above the dedicated engine's plus the merge's move (2.1e-6 + 0.8e-6); over 256 it is not."""
     from gatehead.demo.splits import held_out_examples
 
-    count = 256 if HOST_DTYPE == "bfloat16" else 128
-    return [demo_shared.prompts.build(e.question, e.passages, e.conversation).gate
-            for e in held_out_examples()[:count]]
+    return [demo_shared.prompts.build(e.question, e.passages, e.conversation).gate for e in held_out_examples()[:256]]
 
 
 @pytest.fixture(scope="session")

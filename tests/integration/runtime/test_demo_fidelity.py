@@ -1,9 +1,9 @@
 """Fidelity on the trained demo model and gate, where decisions spread over all three classes and flips mean something.
 
 Same judging rules as `test_fidelity.py` (tiny random model), full size: 32 answer requests of 64
-tokens mixed with 32 gate requests for stability, 256 gate requests (128 where the host runs fp32:
-`demo_gates` in tests/conftest.py says why) mixed with 32 generations for agreement. The requests are the
-demo's held-out questions with the documents the real retriever returned for them.
+tokens mixed with 32 gate requests for stability, 256 gate requests mixed with 32 generations for
+agreement. The requests are the demo's held-out questions with the documents the real retriever
+returned for them.
 """
 
 from __future__ import annotations

@@ -131,3 +131,28 @@ def test_reference_without_adapter_refuses_gate_calls(tiny: TinyModel) -> None:
         HFReference(tiny.model_dir).gate_probs([[1, 2, 3]])
     with pytest.raises(ValueError, match="dtype must be"):
         HFReference(tiny.model_dir, dtype="float16")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_merged_gate_reading_the_unmerged_ones_trunk_gives_its_own_logits_exactly(tiny: TinyModel, tokenizer,
+                                                                                     dtype: str) -> None:
+    from gatehead.gate.reference import Trunk
+
+    prompts = [tokenizer.encode(q + "<|gate|>") for q in QUESTIONS]
+    unmerged = HFReference(tiny.model_dir, tiny.adapter_dir, dtype=dtype)
+    merged = HFReference(tiny.model_dir, tiny.adapter_dir, dtype=dtype, merged=True)
+    trunk = Trunk()
+    recorded = unmerged.gate_logits(prompts, trunk)
+    assert len(trunk.rows) == len(prompts) and np.array_equal(recorded, unmerged.gate_logits(prompts))
+    read = merged.gate_logits(prompts, trunk)
+    assert np.array_equal(read, merged.gate_logits(prompts))  # bit for bit, and the layers below come back
+    assert len(merged.gate_model.model.layers) == tiny.adapter.spec.base.num_layers
+    # It is read at the branch: another stream there gives other logits; other prompts' are refused.
+    moved = Trunk()
+    moved.rows, moved.source = [row * 1.01 for row in trunk.rows], trunk.source
+    assert not np.array_equal(merged.gate_logits(prompts, moved), read)
+    with pytest.raises(ValueError, match="not the one recorded"):
+        merged.gate_logits([p + p[-1:] for p in prompts], trunk)
+    # Another dtype's trunk, or a suffix-mode gate's, is refused.
+    with pytest.raises(ValueError, match="cannot read it"):
+        HFReference(tiny.model_dir, tiny.adapter_dir, dtype="float64", merged=True).gate_logits(prompts, trunk)
