@@ -27,7 +27,7 @@ class Item:
 
     name: str
     about: str
-    minutes: float  # expected on a 2-core CPU
+    minutes: float  # expected on a 2-core CPU of the slowest kind (AVX2 only, the demo model in fp32)
     argv: tuple[str, ...]  # {python}, {gatehead}, {out} (a JSON file) and {dir} (a folder) are filled in
     results: str  # "file": {out}; "dir": {dir}/result.json; "stdout": the command's stdout is JSON
     fingerprints: tuple[tuple[str, str], ...]  # (role, path relative to the repository root), hashed after the run
@@ -101,16 +101,16 @@ BENCH_RANDOM = (_bench_random("c1", 90, "--workloads", "single", "refuse", "--co
                 _bench_random("prefix", 60, "--workloads", "prefix", "memory"))
 
 ITEMS: tuple[Item, ...] = (
-    Item("eval-stability", "stability eval, demo model, vLLM's default process layout", 3,
+    Item("eval-stability", "stability eval, demo model, vLLM's default process layout", 15,
          _eval("stability", "--variants", "plain,mixed", *PROMPT_GATE), "dir", DEMO, ok_codes=(0, 1)),
-    Item("eval-stability-suite-layout", "stability eval as the test suite runs engines (in-process, 1 thread)", 3,
+    Item("eval-stability-suite-layout", "stability eval as the test suite runs engines (in-process, 1 thread)", 15,
          _eval("stability", "--variants", "plain,mixed", *PROMPT_GATE), "dir", DEMO, env=SUITE_LAYOUT,
          ok_codes=(0, 1)),
-    Item("eval-agreement", "agreement eval (shared vs dedicated vs HF), demo model, default layout", 3,
+    Item("eval-agreement", "agreement eval (shared vs dedicated vs HF), demo model, default layout", 15,
          _eval("agreement", *PROMPT_GATE), "dir", DEMO, ok_codes=(0, 1)),
-    Item("eval-agreement-suite-layout", "agreement eval as the test suite runs engines", 3,
+    Item("eval-agreement-suite-layout", "agreement eval as the test suite runs engines", 15,
          _eval("agreement", *PROMPT_GATE), "dir", DEMO, env=SUITE_LAYOUT, ok_codes=(0, 1)),
-    Item("eval-kv", "KV capacity, stock vs shared, and the plugin's memory", 2, _eval("kv", *PROMPT_GATE), "dir", DEMO,
+    Item("eval-kv", "KV capacity, stock vs shared, and the plugin's memory", 5, _eval("kv", *PROMPT_GATE), "dir", DEMO,
          ok_codes=(0, 1)),
     Item("eval-dataset-val", "the agent over the demo's validation split", 20,
          _eval("dataset", "--demo", "val"), "dir", DEMO_DEFAULT,
