@@ -5,10 +5,12 @@ asked (`reread`), and a dirty tree is measured only when asked (`allow_dirty`)."
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -114,6 +116,21 @@ def _inside(path: Path | None, root: Path) -> tuple[str, ...]:
         return ()
 
 
+def _run_whole(argv: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    """`subprocess.run` in a process group of its own, killed whole when it runs past `timeout` or this process
+    stops waiting (an interrupt): an item's engine processes must not outlive it, holding cores that the next
+    item measures on."""
+    with subprocess.Popen(argv, start_new_session=True, **kwargs) as proc:
+        try:
+            stdout, _ = proc.communicate(timeout=timeout)
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
+    return subprocess.CompletedProcess(argv, proc.returncode, stdout)
+
+
 def run_item(item: Item, figures_dir: Path = FIGURES_DIR, root: Path = ROOT, reread: bool = False,
              log_dir: Path | None = None, allow_dirty: bool = False) -> dict:
     """Run one item; on success write and return its envelope. Raises RuntimeError on failure, and before
@@ -141,8 +158,8 @@ def run_item(item: Item, figures_dir: Path = FIGURES_DIR, root: Path = ROOT, rer
     try:
         with log.open("w") as stderr:  # a command whose results are not its stdout logs its stdout too
             stdout = subprocess.PIPE if item.results == "stdout" else stderr
-            proc = subprocess.run(command_line(item, out, folder), cwd=root, env=env, stdout=stdout,
-                                  stderr=stderr, text=True, timeout=item.limit_s)
+            proc = _run_whole(command_line(item, out, folder), item.limit_s, cwd=root, env=env, stdout=stdout,
+                              stderr=stderr, text=True)
     except subprocess.TimeoutExpired as exc:
         raise RuntimeError(f"{item.name} ran past its limit of {item.limit_s / 60:.0f} min (log: {log})") from exc
     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -81,8 +82,15 @@ def test_a_failure_keeps_the_earlier_file(root: Path, tmp_path: Path) -> None:
         run_item(item("import sys; sys.exit(3)"), out, root)
     with pytest.raises(RuntimeError, match="no readable results"):
         run_item(item("import sys; open(sys.argv[1], 'w').write('not json')"), out, root)
+    # Past its limit, the item is stopped with every process it started (an engine's would hold cores).
+    child = tmp_path / "child.pid"
+    spawns = (f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; "
+              f"time.sleep(60)']); open({str(child)!r}, 'w').write(str(p.pid)); time.sleep(30)")
     with pytest.raises(RuntimeError, match="past its limit"):
-        run_item(item("import time; time.sleep(30)", limit_minutes=0.02), out, root)
+        run_item(item(spawns, limit_minutes=0.05), out, root)
+    pid = int(child.read_text())
+    time.sleep(0.5)
+    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2], pid
     assert (out / "toy.json").read_text() == kept
     # An exit code the item accepts (an eval's failed verdict) is still a figure.
     assert run_item(item(WRITE + "; sys.exit(1)", ok_codes=(0, 1)), out, root)["exit_code"] == 1
