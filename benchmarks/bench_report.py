@@ -134,12 +134,20 @@ def merge(parts: Sequence[dict]) -> dict:
     when the parts cannot be one measurement: another machine, model, target set, run count or setups, or a
     workload measured twice."""
     first = parts[0]
+
+    def settings(part: dict) -> dict:  # what one measurement keeps fixed: all but the workloads and levels
+        return {k: v for k, v in part["config"].items() if k not in ("workloads", "concurrency")}
+
     for part in parts[1:]:
-        for key in ("machine", "model", "target_set"):
-            if part.get(key) != first.get(key):
+        for key, value in (("machine", part.get("machine")), ("model", part.get("model")),
+                           ("target_set", part.get("target_set")), ("config", settings(part))):
+            if value != (first.get(key) if key != "config" else settings(first)):
                 raise ValueError(f"bench results differ in {key}: {first.get(key)!r} vs {part.get(key)!r}")
-        if len(part["runs"]) != len(first["runs"]) or set(part["runs"][0]) != set(first["runs"][0]):
+        if len(part["runs"]) != len(first["runs"]) or any(set(a) != set(b) for a, b in zip(
+                part["runs"], first["runs"], strict=True)):
             raise ValueError("bench results to merge need the same setups and the same number of runs")
+    if sum("memory" in p["config"]["workloads"] for p in parts) > 1:
+        raise ValueError("memory measured by more than one of the merged runs")
     runs = []
     for i in range(len(first["runs"])):
         run: dict[str, dict] = {setup: {} for setup in first["runs"][i]}

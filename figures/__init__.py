@@ -32,7 +32,7 @@ from gatehead.figures.pages import (
     rewrite_readme,
     unrendered,
 )
-from gatehead.figures.runner import fingerprints, run_item, sealed_read, shown
+from gatehead.figures.runner import fingerprints, run_item, sealed_read, shown, stop_on_signals
 from gatehead.figures.views import VIEWS
 from gatehead.provenance import fingerprint
 
@@ -87,6 +87,7 @@ def main(config: FiguresConfig) -> int:
             print(f"{item.name:28} ~{item.minutes:>4.0f} min  {item.about}{state}")
             print(f"{'':28} {shown(item)}")
         return 0
+    stop_on_signals()
     total = sum(i.minutes for i in items)
     print(f"{len(items)} item(s), about {total:.0f} min on a 2-core CPU; results in {config.dir}", file=sys.stderr)
     failed = []

@@ -27,7 +27,7 @@ class Item:
 
     name: str
     about: str
-    minutes: float  # expected on a 2-core CPU of the slowest kind (AVX2 only, the demo model in fp32)
+    minutes: float  # expected on a 2-core CPU (the demo items: of the slowest kind, AVX2 only, in fp32)
     argv: tuple[str, ...]  # {python}, {gatehead}, {out} (a JSON file) and {dir} (a folder) are filled in
     results: str  # "file": {out}; "dir": {dir}/result.json; "stdout": the command's stdout is JSON
     fingerprints: tuple[tuple[str, str], ...]  # (role, path relative to the repository root), hashed after the run

@@ -5,7 +5,6 @@ asked (`reread`), and a dirty tree is measured only when asked (`allow_dirty`)."
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import json
 import os
@@ -117,18 +116,48 @@ def _inside(path: Path | None, root: Path) -> tuple[str, ...]:
 
 
 def _run_whole(argv: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
-    """`subprocess.run` in a process group of its own, killed whole when it runs past `timeout` or this process
-    stops waiting (an interrupt): an item's engine processes must not outlive it, holding cores that the next
-    item measures on."""
+    """`subprocess.run` in a process group of its own, stopped whole when it ends, runs past `timeout`, or this
+    process stops waiting (an interrupt, or SIGTERM/SIGHUP: `stop_on_signals`): an item's engine processes
+    must not outlive it, holding cores that the next item measures on."""
     with subprocess.Popen(argv, start_new_session=True, **kwargs) as proc:
         try:
             stdout, _ = proc.communicate(timeout=timeout)
-        except BaseException:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-            raise
+        finally:
+            _stop_group(proc)
     return subprocess.CompletedProcess(argv, proc.returncode, stdout)
+
+
+def _stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM to `proc`'s process group (vLLM's engines clean up their shared memory and temporary exports),
+    SIGKILL to what is left after `grace_s`."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break  # nothing of the group is left
+        deadline = time.monotonic() + grace_s
+        while sig == signal.SIGTERM and time.monotonic() < deadline and (proc.poll() is None or
+                                                                          _group_alive(proc.pid)):
+            time.sleep(0.1)
+    proc.wait()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def stop_on_signals() -> None:
+    """SIGTERM and SIGHUP end this process as an interrupt does, so a running item's group is stopped with it
+    (the item is in a session of its own: a closed terminal or a harness's SIGTERM would not reach it)."""
+    def leave(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, leave)
 
 
 def run_item(item: Item, figures_dir: Path = FIGURES_DIR, root: Path = ROOT, reread: bool = False,

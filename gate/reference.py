@@ -57,49 +57,51 @@ def merged_gate_classifier(model_dir: str | Path, adapter: GateAdapter, dtype: D
 
 
 class Trunk:
-    """The residual stream entering the gate's branch layer (N - k), per prompt, as one prompt-mode reference
-    computed it; another reads it instead of computing layers 0..N-k-1 again. Exact where both hold those
-    layers as the same weights in the same dtype: the gate unmerged and with its LoRA merged (LoRA touches
-    layers >= N - k only; the merge is made in fp32 and cast, so the layers below keep the checkpoint's
-    weights in that dtype). The agreement's HF references use it (`evals.agreement`): their merged pass costs
-    k of N layers."""
+    """The residual stream entering the gate's branch layer (N - k), per prompt (by its token ids), as one
+    prompt-mode reference computed it; another reads it instead of computing layers 0..N-k-1 again. Exact
+    where both hold those layers as the same weights in the same dtype: the gate unmerged and with its LoRA
+    merged (LoRA touches layers >= N - k only; the merge is made in fp32 and cast, so the layers below keep
+    the checkpoint's weights in that dtype). The agreement's HF references use it (`evals.agreement`): their
+    merged pass costs k of N layers. It holds every prompt's stream ([tokens, hidden] in the dtype: 4.7 MB
+    for 2,048 tokens of the demo model in fp32) until it is dropped."""
 
     def __init__(self) -> None:
-        self.rows: list = []
+        self.rows: dict[tuple[int, ...], object] = {}
         self.source: tuple | None = None
 
     def check(self, reference: HFReference) -> None:
+        """ValueError unless `reference` may record or read this trunk: a prompt-mode gate of the model,
+        adapter and dtype that recorded it, whose decoder layers all attend alike (a model mixing sliding-window
+        and full layers picks each layer's mask by its position in the loop, which the tail would shift)."""
         adapter = reference._require_adapter()
         if adapter.suffix_mode:
             raise ValueError("a trunk is recorded and read by prompt-mode gates only")
+        kinds = set(getattr(reference.gate_model.config, "layer_types", None) or ())
+        if len(kinds) > 1:
+            raise ValueError(f"the model mixes layer types {sorted(kinds)}: a trunk cannot be read past them")
         source = (str(reference.model_dir), str(adapter.path), reference.dtype)
         if self.source is not None and self.source != source:
             raise ValueError(f"this trunk was recorded by {self.source}: {source} cannot read it")
         self.source = source
 
     @contextlib.contextmanager
-    def around(self, reference: HFReference, index: int) -> Iterator[None]:
-        """Record prompt `index`'s stream at the branch layer (where it was not recorded), or read it there
-        with the layers below left out."""
+    def around(self, reference: HFReference, prompt: Sequence[int]) -> Iterator[None]:
+        """Record `prompt`'s stream at the branch layer where it was not recorded, else read it there with the
+        layers below left out."""
         import torch
 
-        base = reference.gate_model
+        base, key = reference.gate_model, tuple(prompt)
         decoder = (base.get_base_model() if hasattr(base, "get_base_model") else base).model
         layers, branch = decoder.layers, reference._require_adapter().branch_layer
-        if index == len(self.rows):  # record
-            handle = layers[branch].register_forward_pre_hook(lambda _, args: self.rows.append(args[0].clone()))
+        if key not in self.rows:
+            handle = layers[branch].register_forward_pre_hook(
+                lambda _, args: self.rows.__setitem__(key, args[0].clone()))
             try:
                 yield
             finally:
                 handle.remove()
             return
-        def read(_, args):
-            if args[0].shape != self.rows[index].shape:
-                raise ValueError(f"prompt {index} is not the one recorded: {tuple(args[0].shape)} against "
-                                 f"{tuple(self.rows[index].shape)}")
-            return (self.rows[index], *args[1:])
-
-        handle = layers[branch].register_forward_pre_hook(read)
+        handle = layers[branch].register_forward_pre_hook(lambda _, args: (self.rows[key], *args[1:]))
         decoder.layers = torch.nn.ModuleList(list(layers)[branch:])
         try:
             yield
@@ -190,20 +192,20 @@ class HFReference:
 
     def gate_logits(self, prompts: Sequence[Sequence[int]], trunk: Trunk | None = None) -> np.ndarray:
         """Head logits [n, 3] (fp64, exact for every dtype), columns in the adapter's label order. With `trunk`
-        (prompt mode): an empty one records, per prompt, the residual stream entering the branch layer; a
-        recorded one is read instead of computing the layers below it (`Trunk` says when that is exact)."""
+        (prompt mode): each prompt's residual stream entering the branch layer is recorded there, or, where the
+        trunk holds it already, read instead of computing the layers below (`Trunk` says when that is exact)."""
         import torch
 
         adapter = self._require_adapter()
         if trunk is not None:
             trunk.check(self)
         rows = []
-        for i, prompt in enumerate(prompts):
+        for prompt in prompts:
             ids = torch.tensor([list(prompt)], device=self.device)
             extra = {}
             if adapter.suffix_mode:
                 extra["alora_offsets"] = alora_offsets([prompt], adapter.invocation_tokens, len(prompt))
-            with torch.inference_mode(), trunk.around(self, i) if trunk is not None else contextlib.nullcontext():
+            with torch.inference_mode(), trunk.around(self, prompt) if trunk is not None else contextlib.nullcontext():
                 logits = self.gate_model(input_ids=ids, **extra).logits  # [1, 3]; HF pools the last token
             rows.append(logits[0].double().cpu().numpy())  # exact for bf16 and fp32 logits
         return np.stack(rows) if rows else np.zeros((0, len(LABELS)), dtype=np.float32)

@@ -155,3 +155,9 @@ def test_runs_over_other_workloads_merge_into_the_whole_runs_figures() -> None:
         merge([parts[0], {**parts[1], "machine": {**whole["machine"], "cpus": 4}}])
     with pytest.raises(ValueError, match="same setups"):
         merge([parts[0], {**parts[1], "runs": parts[1]["runs"][:2]}])
+    with pytest.raises(ValueError, match="differ in config"):
+        merge([parts[0], {**parts[1], "config": {**parts[1]["config"], "questions": 8}}])
+    with pytest.raises(ValueError, match="differ in target_set"):
+        merge([parts[0], {**parts[1], "target_set": "random"}])
+    with pytest.raises(ValueError, match="memory measured by more than one"):
+        merge([parts[3], {**parts[0], "config": {**parts[0]["config"], "workloads": ["single", "memory"]}}])

@@ -74,6 +74,16 @@ def test_fingerprints_change_with_the_weights(root: Path) -> None:
         fingerprint(root / "m" / "missing")
 
 
+def gone(pid: int) -> bool:
+    """Whether process `pid` has ended (a zombie awaiting its reaper counts as ended)."""
+    for _ in range(50):
+        stat = Path(f"/proc/{pid}/stat")
+        if not stat.exists() or stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def test_a_failure_keeps_the_earlier_file(root: Path, tmp_path: Path) -> None:
     out = tmp_path / "figs"
     run_item(item(), out, root)
@@ -84,13 +94,18 @@ def test_a_failure_keeps_the_earlier_file(root: Path, tmp_path: Path) -> None:
         run_item(item("import sys; open(sys.argv[1], 'w').write('not json')"), out, root)
     # Past its limit, the item is stopped with every process it started (an engine's would hold cores).
     child = tmp_path / "child.pid"
-    spawns = (f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; "
-              f"time.sleep(60)']); open({str(child)!r}, 'w').write(str(p.pid)); time.sleep(30)")
+
+    def spawning(then: str) -> str:
+        return (f"import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; "
+                f"time.sleep(60)']); open({str(child)!r}, 'w').write(str(p.pid)); {then}")
+
     with pytest.raises(RuntimeError, match="past its limit"):
-        run_item(item(spawns, limit_minutes=0.05), out, root)
-    pid = int(child.read_text())
-    time.sleep(0.5)
-    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2], pid
+        run_item(item(spawning("time.sleep(30)"), limit_minutes=0.1), out, root)
+    assert gone(int(child.read_text()))
+    # And when it ends by itself, what it left running is stopped too.
+    with pytest.raises(RuntimeError, match="exited 3"):
+        run_item(item(spawning("sys.exit(3)")), out, root)
+    assert gone(int(child.read_text()))
     assert (out / "toy.json").read_text() == kept
     # An exit code the item accepts (an eval's failed verdict) is still a figure.
     assert run_item(item(WRITE + "; sys.exit(1)", ok_codes=(0, 1)), out, root)["exit_code"] == 1
@@ -218,3 +233,11 @@ def test_recorded_test_figures_reach_an_envelope_and_its_table(record_figure, mo
     assert "0.0125 <= 0.0200" in rows["bounds"] and "0.5000 **>** 0.1000" in rows["bounds"]
     assert rows["bounds"].rstrip(" |").endswith("-")  # not measured in the second envelope
     assert "not in the tiny table" not in table
+
+
+def test_sigterm_ends_the_runner_as_an_interrupt_does() -> None:
+    """So that an item's process group, in a session of its own, is stopped with the runner."""
+    code = ("import os, signal; from gatehead.figures.runner import stop_on_signals; stop_on_signals()\n"
+            "try:\n    os.kill(os.getpid(), signal.SIGTERM)\nexcept SystemExit as stop:\n    print('exit', stop.code)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["exit", str(128 + 15)]

@@ -5,25 +5,25 @@ from __future__ import annotations
 from gatehead.figures import VIEWS
 
 
-def _turns_envelope(bf16: str, turn: float, first: float) -> dict:
+def _turns_envelope(dtype: str, turn: float, first: float) -> dict:
     def spread(median: float) -> dict:
         return {"median": median, "min": median * 0.9, "max": median * 1.1}
 
     medians = {"gate_median_seconds": spread(turn / 3), "answered_turn_median_seconds": spread(turn),
                "first_turn_seconds": spread(first), "ready_seconds": spread(20.0)}
     return {"command": "python -m gatehead.benchmarks.demo_turns --setups suffix --out OUT.json",
-            "date": "2026-12-06T00:00:00Z", "machine": {"cpus": 2, "bf16": bf16},
-            "results": {"dtype": "float32", "setups": {"suffix": {"medians": medians, "runs": [{}, {}, {}]}}}}
+            "date": "2026-12-06T00:00:00Z", "machine": {"cpus": 2, "bf16": "AVX-512 BF16"},
+            "results": {"dtype": dtype, "setups": {"suffix": {"medians": medians, "runs": [{}, {}, {}]}}}}
 
 
 def test_the_demo_turns_targets_follow_the_cpu_the_envelope_names() -> None:
     view = VIEWS["demo-turns"]
-    # No native bf16 (an AVX2-only CPU): a 2.5 s bound.
-    text = view([_turns_envelope("emulated", turn=2.0, first=1.5)])
+    # Run in fp32 (a CPU without native bf16, here an AVX2 one emulated on a bf16 host): a 2.5 s bound.
+    text = view([_turns_envelope("float32 (CPU: AVX2 without AVX-512, ...)", turn=2.0, first=1.5)])
     assert "<= 2.5 s on this CPU (no native bf16)" in text
     assert "suffix mode: answered turn 2.000 s (met), first turn 0.75x (met)" in text
     # bf16 native: 1.5 s; a first turn over twice the median misses too.
-    text = view([_turns_envelope("AVX-512 BF16", turn=2.0, first=4.5)])
+    text = view([_turns_envelope("bfloat16 (CPU: AVX-512 BF16)", turn=2.0, first=4.5)])
     assert "<= 1.5 s on this CPU (bf16 native)" in text
     assert "suffix mode: answered turn 2.000 s (**missed**), first turn 2.25x (**missed**)" in text
     assert "| suffix mode | 0.667 s (0.600-0.733) | 2.000 s (1.800-2.200) | 4.500 s | 2.25x | 20.0 s |" in text

@@ -147,12 +147,20 @@ def test_a_merged_gate_reading_the_unmerged_ones_trunk_gives_its_own_logits_exac
     read = merged.gate_logits(prompts, trunk)
     assert np.array_equal(read, merged.gate_logits(prompts))  # bit for bit, and the layers below come back
     assert len(merged.gate_model.model.layers) == tiny.adapter.spec.base.num_layers
-    # It is read at the branch: another stream there gives other logits; other prompts' are refused.
+    # It is read at the branch, by the prompt's ids: another stream there gives other logits.
     moved = Trunk()
-    moved.rows, moved.source = [row * 1.01 for row in trunk.rows], trunk.source
+    moved.rows, moved.source = {key: row * 1.01 for key, row in trunk.rows.items()}, trunk.source
     assert not np.array_equal(merged.gate_logits(prompts, moved), read)
-    with pytest.raises(ValueError, match="not the one recorded"):
-        merged.gate_logits([p + p[-1:] for p in prompts], trunk)
-    # Another dtype's trunk, or a suffix-mode gate's, is refused.
+    assert np.array_equal(merged.gate_logits(prompts[::-1], trunk), read[::-1])
+    # Another dtype's reference is refused.
     with pytest.raises(ValueError, match="cannot read it"):
         HFReference(tiny.model_dir, tiny.adapter_dir, dtype="float64", merged=True).gate_logits(prompts, trunk)
+    assert len(merged.gate_model.model.layers) == tiny.adapter.spec.base.num_layers
+
+
+def test_a_suffix_mode_gate_takes_no_trunk(tiny_suffix: TinyModel, tokenizer) -> None:
+    from gatehead.gate.reference import Trunk
+
+    reference = HFReference(tiny_suffix.model_dir, tiny_suffix.adapter_dir)
+    with pytest.raises(ValueError, match="prompt-mode gates only"):
+        reference.gate_logits([tokenizer.encode(QUESTIONS[0])], Trunk())
