@@ -34,8 +34,8 @@ def _eval_figures(r: dict) -> str:
                          f"differ, max abs dlogprob {v['shared_vs_stock']['max_abs_dlogprob']:.3g} (stock repeats "
                          f"{v['stock_vs_stock']['differing']})" for name, v in r["variants"].items() if v.get("judged"))
     if r["eval"] == "agreement":
-        return "; ".join(f"{name}: {p['flips']} flip{'' if p['flips'] == 1 else 's'}, max abs dp {p['max_dp']:.4f}"
-                         for name, p in r["pairs"].items())
+        return "; ".join(f"{name}: {p['flips']} flip{'' if p['flips'] == 1 else 's'}, "
+                         f"max abs dp {_small(p['max_dp'], '.4f')}" for name, p in r["pairs"].items())
     if r["eval"] == "kv":
         c, w, mib = r["capacity"], r["weights_bytes"], 1 << 20
         return (f"stock {c['stock']['tokens']:,} tokens, shared {c['shared']['tokens']:,} ({r['kv_ratio']:.4f}); "
