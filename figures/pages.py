@@ -45,23 +45,33 @@ def stale(envelope: dict, root: Path = ROOT) -> bool:
         return True
 
 
+# Views whose envelopes are rows or columns of their own: where some of a block's envelopes are measured on
+# the committed model and others not yet, those are shown and the rest named. (A bench's parts make one table,
+# shown only whole.)
+PER_ENVELOPE = frozenset({"evals", "tests-tiny", "tests-demo", "gate-modes"})
+
+
 def render_block(source: str, view: str, root: Path = ROOT) -> str:
-    """A block's body: the view of its envelopes; where any of them was measured on an earlier model or
-    adapter, one line saying so and what re-measures it (an old model's table is never shown as the
-    committed model's); where any read sealed test data a second time, or was measured with uncommitted
-    changes, a last line saying so."""
+    """A block's body: the view of its envelopes; where any of them is missing or was measured on an earlier
+    model or adapter, one line saying so and what measures it (an old model's figures are never shown as the
+    committed model's; the others are, in the views of one row or column per envelope); where any read sealed
+    test data a second time, or was measured with uncommitted changes, a last line saying so."""
     if view not in VIEWS:
         raise ValueError(f"unknown figures view {view!r}; known: {sorted(VIEWS)}")
     sources = source.split(",")
     absent = [one for one in sources if not (root / one).exists()]
     envelopes = [load_envelope(one, root) for one in sources if one not in absent]
     old = {e["item"] for e in envelopes if stale(e, root)}
+    pending_line = ""
     if absent or old:
         pending = [_measures(one) + (_SEALED if Path(one).stem in old and by_name([Path(one).stem])[0].sealed else "")
                    for one in sources if one in absent or Path(one).stem in old]
         why = " (the figures on file were measured on an earlier model or adapter)" if old else ""
-        return f"*Not yet measured on the committed model{why}: {', '.join(dict.fromkeys(pending))}.*\n"
-    body = VIEWS[view](envelopes)
+        pending_line = f"*Not yet measured on the committed model{why}: {', '.join(dict.fromkeys(pending))}.*\n"
+        envelopes = [e for e in envelopes if e["item"] not in old]
+        if not envelopes or view not in PER_ENVELOPE:
+            return pending_line
+    body = VIEWS[view](envelopes) + ("\n" + pending_line if pending_line else "")
     again = [e["item"] for e in envelopes if e.get("reread")]
     if again:
         body += (f"\n*Development figure ({', '.join(again)}): these weights had been measured on this test split "

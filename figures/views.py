@@ -225,11 +225,11 @@ def _figure_cell(value) -> str:
         return (f"{value['flips']} flip{'' if value['flips'] == 1 else 's'} of {value['n']}, max / mean |dp| "
                 f"{_small(value['max_dp'], '.4f')} / {_small(value['mean_dp'], '.5f')} ({mix})")
     if isinstance(value, dict) and value and all(isinstance(v, list) and len(v) == 2 for v in value.values()):
-        return "; ".join(f"{name}: {fig:.4f}{' <=' if fig <= bound else ' **>**'} "
-                         f"{bound:.4f}" for name, (fig, bound) in value.items())  # (figure, bound) pairs
+        return "; ".join(f"{name}: {_small(fig, '.4f')}{' <=' if fig <= bound else ' **>**'} "
+                         f"{_small(bound, '.4f')}" for name, (fig, bound) in value.items())  # (figure, bound) pairs
     if isinstance(value, dict) and "within_noise" in value:
         return (f"{value['flips']} flips of {value['gates']}; {value['within_noise']} gates lie within bf16's noise "
-                f"({value['noise']:.4f}) of a threshold")
+                f"({_small(value['noise'], '.4f')}) of a threshold")
     if isinstance(value, dict) and "preemptions" in value and "max_dp" in value:
         return f"max |dp| {value['max_dp']:.2g}, {value['preemptions']} preemptions"
     if isinstance(value, dict):

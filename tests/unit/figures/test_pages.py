@@ -34,21 +34,32 @@ def test_every_item_has_a_block_that_says_when_it_is_not_measured(tmp_path: Path
     assert {f"docs/figures/{item.name}.json" for item in figures.ITEMS} <= sources
     assert render_block("docs/figures/demo-val.json", "demo-sets", tmp_path) == (
         "*Not yet measured on the committed model: `gatehead figures --only demo-val`.*\n")
+    # Part of a block measured: those figures are shown, in views of a row per envelope, and the rest named.
+    _repo(tmp_path, "eval-kv")
+    both = "docs/figures/eval-kv.json,docs/figures/eval-dataset-val.json"
+    text = render_block(both, "evals", tmp_path)
+    assert text.startswith("| item | verdict |") and "| eval-kv | pass |" in text
+    assert text.endswith("\n*Not yet measured on the committed model: `gatehead figures --only eval-dataset-val`.*\n")
+    assert render_block(f"{SOURCE},docs/figures/eval-kv.json", "bench", tmp_path).startswith("*Not yet measured")
     unknown = "<!-- figures docs/figures/no-such-item.json bench -->\n<!-- /figures -->"
     assert readme_problems(unknown, tmp_path) == [
         "docs/figures/no-such-item.json: missing, and no `gatehead figures` item writes it"]
 
 
-def _repo(root: Path) -> dict:
-    """A repository holding the committed demo adapters and a bench-demo envelope of them; returns the envelope."""
-    item = figures.by_name(["bench-demo"])[0]
+def _repo(root: Path, name: str = "bench-demo") -> dict:
+    """A repository holding the committed demo adapters and an envelope of item `name` of them (the committed
+    one's results); returns the envelope."""
+    item = figures.by_name([name])[0]
     for _, rel in item.fingerprints:
-        shutil.copytree(figures.ROOT / rel, root / rel)
-    results = json.loads((figures.ROOT / SOURCE).read_text())["results"]
-    envelope = {"item": item.name, "commit": "0123456789abcdef", "dirty": False,
-                "fingerprints": fingerprints(item, root), "results": results}
-    (root / "docs/figures").mkdir(parents=True)
-    (root / SOURCE).write_text(json.dumps(envelope))
+        if not (root / rel).exists():
+            shutil.copytree(figures.ROOT / rel, root / rel)
+    source = f"docs/figures/{name}.json"
+    results = json.loads((figures.ROOT / source).read_text())["results"]
+    envelope = {"item": item.name, "commit": "0123456789abcdef", "dirty": False, "date": "2026-12-06T00:00:00Z",
+                "machine": {"cpus": 2, "bf16": "emulated"}, "fingerprints": fingerprints(item, root),
+                "results": results}
+    (root / "docs/figures").mkdir(parents=True, exist_ok=True)
+    (root / source).write_text(json.dumps(envelope))
     return envelope
 
 
