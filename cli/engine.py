@@ -1,5 +1,5 @@
-"""The engine's own commands: `gate`, `generate`, `export-dedicated`, and `build-tiny` (a tiny random model,
-`gatehead.tiny`)."""
+"""The engine's own commands: `gate`, `generate`, `export-dedicated`, `vllm-args` and `serve-vllm` (the gate in a
+stock `vllm serve`), and `build-tiny` (a tiny random model, `gatehead.tiny`)."""
 
 from __future__ import annotations
 
@@ -74,6 +74,38 @@ def _export_dedicated(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve_command(args: argparse.Namespace):
+    from gatehead.runtime.engine import EngineConfig
+    from gatehead.runtime.vllm_serve import serve_command
+
+    locations = model_locations()
+    kv = {"kv_cache_memory_bytes": args.kv_mb << 20} if args.kv_mb else {"memory_fraction": args.memory_fraction}
+    config = EngineConfig(model=chosen_model(args.model), adapter=args.adapter or locations["adapter"],
+                          dtype=args.dtype, max_model_len=args.max_model_len, enforce_eager=not args.compile,
+                          block_size=args.block_size, max_gate_tokens=args.max_gate_tokens, **kv)
+    vllm_flags = list(args.vllm_flags or [])
+    if vllm_flags[:1] == ["--"]:
+        vllm_flags = vllm_flags[1:]
+    return serve_command(config, host=args.host, port=args.port, served_name=args.served_model_name,
+                         vllm_flags=vllm_flags)
+
+
+def _vllm_args(args: argparse.Namespace) -> int:
+    command = _serve_command(args)
+    print(command.shell())
+    return 0
+
+
+def _serve_vllm(args: argparse.Namespace) -> int:
+    import os
+    import sys
+
+    command = _serve_command(args)
+    argv = command.module_argv(sys.executable)
+    print(f"gatehead serve-vllm: {command.shell()}", file=sys.stderr, flush=True)
+    os.execvpe(argv[0], argv, {**os.environ, **command.environment})
+
+
 def _build_tiny(args: argparse.Namespace) -> int:
     from gatehead.tiny import TinySpec, build_tiny
 
@@ -112,6 +144,24 @@ def add_parsers(commands) -> None:
                    help="the checkpoint's dtype: auto is the one this host's engines run (bf16 where native, "
                    "else fp32)")
     p.set_defaults(func=_export_dedicated)
+
+    for name, func, about in (
+            ("vllm-args", _vllm_args, "print the `vllm serve` command that serves generation and this gate from "
+                                      "stock vLLM's OpenAI server (checked as the in-process engine checks it)"),
+            ("serve-vllm", _serve_vllm, "start vLLM's own OpenAI server with those flags (this process becomes it)")):
+        p = commands.add_parser(name, help=about)
+        add_model_arguments(p)
+        p.add_argument("--memory-fraction", type=float, default=0.9,
+                       help="the accelerator memory vLLM may take, where --kv-mb is 0 (GPUs)")
+        p.add_argument("--block-size", type=int, help="KV block size (default: vLLM's)")
+        p.add_argument("--max-gate-tokens", type=int, help="the longest gate prompt (default: the context window)")
+        p.add_argument("--host", help="the server's address (default: vLLM's)")
+        p.add_argument("--port", type=int, help="the server's port (default: vLLM's, 8000)")
+        p.add_argument("--served-model-name", help="the model id the server reports (default: the model folder's "
+                       "name and the adapter's fingerprint, which `--vllm-url` clients check)")
+        p.add_argument("vllm_flags", nargs=argparse.REMAINDER,
+                       help="after --: more `vllm serve` flags, passed through (e.g. -- --tensor-parallel-size 2)")
+        p.set_defaults(func=func)
 
     p = commands.add_parser("build-tiny", help="build a tiny random model and gate adapter (tests, benchmarks)")
     p.add_argument("out", type=Path)

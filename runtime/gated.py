@@ -10,8 +10,9 @@ Per step (`gatehead.runtime.plugin` wraps the runner's `_model_forward` around s
 
 Generation rows are never touched. A gate request whose rows cannot be complete (a prompt-mode gate
 that read the prefix cache, a suffix-mode one that read it past its suffix's start, one resumed
-mid-prompt, or a prompt that does not end with the suffix) gets NaN action logits: the engine reports
-an error for it instead of a guess.
+mid-prompt, or a prompt that does not end with the suffix) gets -inf action logits, its probability
+on another token: the engine reports an error for it instead of a guess (finite, not NaN, so that
+vLLM's HTTP server can render the response; the client's probability check fails).
 
 A suffix-mode (activated) gate keeps only its suffix rows; the branch reads the prefix's base K/V
 from the paged KV cache through the request's block ids (`gatehead.runtime.branch.Prefix`).
@@ -176,6 +177,8 @@ class GateState(nn.Module):
         device = self.tap_buffer.device
         self.register_buffer("action_ids", torch.tensor(wiring.action_ids, dtype=torch.long, device=device),
                              persistent=False)
+        # Where a failed gate row puts its probability: the first id that is no action token.
+        self.failed_token = next(t for t in range(len(wiring.action_ids) + 1) if t not in wiring.action_ids)
         self.head_order = [adapter.spec.labels.index(label) for label in LABELS]  # head row per canonical label
         branch_mode = wiring.branch  # True, False or "suffix-only" (a negative control)
         self.suffix_mode = adapter.suffix_mode
@@ -201,7 +204,7 @@ class GateState(nn.Module):
         if self.suffix_mode:  # each request keeps its suffix rows only
             kept_bound = min(kept_bound, len(suffix_ids) * vllm_config.scheduler_config.max_num_seqs)
         self.rows = RowKeeper(suffix_ids, kept_bound, suffix_mode=self.suffix_mode)
-        self.results: dict[int, torch.Tensor] = {}
+        self.results: dict[int, torch.Tensor | None] = {}
         self.timing = BranchTiming()
 
     def begin_step(self, rows: list[GateRow], live: set[str]) -> None:
@@ -215,7 +218,7 @@ class GateState(nn.Module):
         started, ready = time.perf_counter(), []
         for row, rows in self.rows.collect(self.tap_buffer):
             if rows is None:
-                self.results[row.batch_row] = torch.full((3,), float("nan"), device=self.tap_buffer.device)
+                self.results[row.batch_row] = None  # failed: see `apply`
             else:
                 ready.append((row, (rows, Prefix(row.first, row.blocks) if self.suffix_mode else None)))
         if ready:  # one branch pass for every gate prompt completed this step
@@ -238,7 +241,10 @@ class GateState(nn.Module):
         logits = logits.float()
         for batch_row, head_logits in results.items():
             logits[batch_row] = float("-inf")
-            logits[batch_row, self.action_ids] = head_logits
+            if head_logits is None:  # a failed gate: no action is possible, one non-action token is certain
+                logits[batch_row, self.failed_token] = 0.0
+            else:
+                logits[batch_row, self.action_ids] = head_logits
         return logits
 
     def memory_bytes(self) -> dict[str, int]:

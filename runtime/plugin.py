@@ -84,7 +84,7 @@ def stock_vllm() -> Iterator[None]:
 
 
 def register() -> None:
-    """Register the gated architectures and wrap the runner and the prefix-cache lookup (idempotent)."""
+    """Register the gated architectures, wrap the runner, the prefix-cache lookup and the frontend (idempotent)."""
     from vllm import ModelRegistry
 
     known = set(ModelRegistry.get_supported_archs())
@@ -93,6 +93,9 @@ def register() -> None:
             ModelRegistry.register_model(gated, f"gatehead.runtime.gated:{gated}")
     _wrap_model_forward()
     _wrap_prefix_cache_lookup()
+    from gatehead.runtime import frontend
+
+    frontend.install()  # the gate's start-up checks and prompt rules, where requests arrive
 
 
 def _wrap_prefix_cache_lookup() -> None:

