@@ -2,7 +2,8 @@
 
 Run by hand: `python -m gatehead.benchmarks.guard_rates [--limit N] [--out FILE]` (the demo model on
 the shared engine, CPU is fine). Clean outputs: the demo model's answers to every labelled demo
-question with the documents retrieved for it (`demo/data/*.jsonl`), greedy and sampled at
+question of the training and validation splits with the documents retrieved for it
+(`demo/data/{train,val}.jsonl`; the test split is sealed, `gatehead.demo.sealed`), greedy and sampled at
 temperature 0.8, each with its token ids, text and sampled-token logprobs, checked as a stream is
 (`Checker`, at every token). Faults are injected into each clean answer:
 - repetition: a unit of 1-16 vocabulary tokens repeated until 64 tokens are appended, each given
@@ -97,7 +98,7 @@ async def run(limit: int | None, config: GuardConfig, engine_fault_count: int = 
     from gatehead.runtime.engine import EngineConfig, SharedEngine
 
     r = random.Random(0)
-    examples = held_out_examples(("train", "val", "test"))[:limit]
+    examples = held_out_examples(("train", "val"))[:limit]
     engine = SharedEngine(EngineConfig(model=ensure_demo_model(), adapter=ADAPTER_DIR, kv_cache_memory_bytes=512 << 20,
                                        max_model_len=2048, enforce_eager=True, block_size=32))
     try:
@@ -142,7 +143,7 @@ async def run(limit: int | None, config: GuardConfig, engine_fault_count: int = 
         results["generation_seconds"] = round(generation_s, 1)
         if engine_fault_count:
             drilled = [engine.prompts.build(e.question, e.passages)
-                       for e in held_out_examples(("train", "val", "test"))[:engine_fault_count]]
+                       for e in held_out_examples(("train", "val"))[:engine_fault_count]]
             results.update(await engine_faults(engine, drilled, config))
         return results
     finally:
