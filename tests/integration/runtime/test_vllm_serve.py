@@ -223,3 +223,31 @@ def test_remote_engine_refuses_a_server_serving_another_adapter(servers, tiny, t
     assert loop.run(right.check()) == {servers["prompt"].url: True}
     with pytest.raises(InvalidInput, match="invocation suffix"):
         loop.run(right.gate_prompt([5, 6, 7]))
+
+
+def test_a_server_that_refuses_connections_is_taken_out_and_the_request_served_by_the_next(servers, tiny,
+                                                                                          loop) -> None:
+    """Two servers, one of them down: a turn whose key prefers the dead one is sent once to the live one, the dead
+    one leaves service, and every later turn goes straight to the live one."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    engine = RemoteEngine(RemoteConfig(urls=(dead, servers["prompt"].url), model=tiny.model_dir,
+                                       adapter=tiny.adapter_dir, retry_after=600))
+    key = next(k for k in (f"tenant/thread-{i}" for i in range(100)) if engine.order(k)[0].url == dead)
+    prompt = engine.prompts.build("How long is the warranty?", DOCS)
+    with engine.affinity(key):
+        outcome = loop.run(engine.gate_prompt(prompt.gate))
+        streamed = loop.run(_collect(engine.stream(prompt.answer, max_tokens=6, ignore_eos=True)))
+    assert sum(outcome.result.probs.values()) == pytest.approx(1.0, abs=1e-5)
+    stats = loop.run(engine.stats())
+    assert stats["server0_failures"] == 1 and stats["server0_in_service"] == 0
+    assert stats["server1_retried_elsewhere"] == 1 and stats["server1_requests"] == 2
+    # Cumulative, the last one finished, and the same tokens and text a plain completion gives.
+    lengths = [len(g.token_ids) for g in streamed]
+    assert lengths == sorted(set(lengths)) and lengths[-1] == 6 and streamed[-1].finish_reason == "length"
+    final = loop.run(engine.generate(prompt.answer, max_tokens=6, ignore_eos=True))
+    assert (final.token_ids, final.text) == (streamed[-1].token_ids, streamed[-1].text)
+    assert len(final.logprobs) == 6 and engine.alive and not engine.ready
+
+
+async def _collect(stream) -> list:
+    return [item async for item in stream]
