@@ -215,11 +215,13 @@ def alora_offsets(prompts: Sequence[Sequence[int]], invocation_tokens: Sequence[
     return offsets
 
 
-def load_gate_adapter(adapter_dir: str | Path, base_dir: str | Path, check_tokens: bool = True) -> GateAdapter:
+def load_gate_adapter(adapter_dir: str | Path, base_dir: str | Path, check_tokens: bool = True,
+                      tokenizer: Any = None) -> GateAdapter:
     """Load `adapter_dir` and validate it against the base model in `base_dir`.
 
     `check_tokens=False` skips loading the tokenizer to check the reserved tokens (the engine's
-    workers do, after the engine's client has checked them).
+    workers do, after the engine's client has checked them); `tokenizer`, the base's tokenizer where the
+    caller has it loaded already.
     """
     adapter_dir, base_dir = Path(adapter_dir), Path(base_dir)
     for name in ("adapter_config.json", ADAPTER_WEIGHTS, GATE_JSON):
@@ -237,7 +239,7 @@ def load_gate_adapter(adapter_dir: str | Path, base_dir: str | Path, check_token
     invocation = _check_activation(peft_config, adapter_dir, spec)
     _check_head(adapter_dir, spec.base.hidden_size)
     if check_tokens:
-        _check_tokens(spec, base_dir, invocation)
+        _check_tokens(spec, base_dir, invocation, tokenizer)
     return GateAdapter(
         path=adapter_dir,
         spec=spec,
@@ -383,12 +385,13 @@ def _check_head(adapter_dir: Path, hidden_size: int) -> None:
                            f"expected [3, {hidden_size}] (three labels x the base's hidden size)")
 
 
-def _check_tokens(spec: GateSpec, base_dir: Path, invocation: tuple[int, ...] | None = None) -> None:
+def _check_tokens(spec: GateSpec, base_dir: Path, invocation: tuple[int, ...] | None = None,
+                  tokenizer: Any = None) -> None:
     from transformers import AutoTokenizer
 
     from gatehead.gate.prompt import reserved_token_id
 
-    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    tokenizer = tokenizer or AutoTokenizer.from_pretrained(base_dir)
     suffix_ids = tokenizer.encode(spec.suffix, add_special_tokens=False)
     special = set(tokenizer.all_special_ids)
     if not suffix_ids or suffix_ids[-1] not in special:

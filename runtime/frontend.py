@@ -44,22 +44,25 @@ class GateRules:
     suffix_mode: bool
 
     @classmethod
-    def of(cls, vllm_config: Any) -> GateRules | None:
+    def of(cls, vllm_config: Any, tokenizer: Any = None) -> GateRules | None:
         """The rules of an engine built from `vllm_config`, checked as the in-process engine checks them;
-        None for an engine without gatehead's wiring."""
+        None for an engine without gatehead's wiring. `tokenizer`: the engine's (else the model's is loaded)."""
         from gatehead.runtime import checks
         from gatehead.runtime.wiring import KEY, Wiring
 
         model_config = vllm_config.model_config
         if getattr(model_config.hf_config, KEY, None) is None:
             return None
-        from transformers import AutoTokenizer
-
         from gatehead.gate.adapter import load_gate_adapter
         from gatehead.gate.prompt import reserved_token_id
 
+        if tokenizer is None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(model_config.tokenizer)
         wiring = Wiring.of(model_config.hf_config)
-        adapter = load_gate_adapter(wiring.adapter, model_config.model)  # the base, its tokens, the head
+        # The base, its reserved tokens (on the engine's own tokenizer), the LoRA and the head.
+        adapter = load_gate_adapter(wiring.adapter, model_config.model, tokenizer=tokenizer)
         checks.unsupported_config(vllm_config)
         hook = admission_hook(adapter.suffix_mode)
         loaded = [p if isinstance(p, str) else f"{p.__module__}:{p.__qualname__}"
@@ -79,7 +82,6 @@ class GateRules:
         refused = [name for name, present in problems.items() if present]
         if refused:
             raise ValueError(f"gatehead's gated engine does not support {'; '.join(refused)}")
-        tokenizer = AutoTokenizer.from_pretrained(model_config.tokenizer)
         suffix_ids = tuple(tokenizer.encode(adapter.spec.suffix, add_special_tokens=False))
         action_ids = tuple(reserved_token_id(tokenizer, t) for t in adapter.spec.action_tokens)
         if (suffix_ids, action_ids) != (wiring.suffix_ids, wiring.action_ids):
@@ -137,8 +139,9 @@ def install() -> None:
     init, process = InputProcessor.__init__, InputProcessor.process_inputs
 
     def __init__(self, vllm_config, *args, **kwargs):
-        self.gatehead_rules = GateRules.of(vllm_config)  # first: a refused configuration starts nothing
         init(self, vllm_config, *args, **kwargs)
+        # Before the engine core starts (it starts after this object): a refused configuration starts nothing.
+        self.gatehead_rules = GateRules.of(vllm_config, self.tokenizer)
 
     def process_inputs(self, *args, **kwargs):
         request = process(self, *args, **kwargs)
