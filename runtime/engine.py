@@ -200,7 +200,58 @@ class EnginePlan:
         return args
 
 
-class SharedEngine:
+class EngineFront:
+    """What every engine API does on the caller's side (`SharedEngine` in process, `RemoteEngine` over HTTP):
+    the checks a prompt passes before it leaves, and `gate`/`gate_many` laid out on `gate_prompt`."""
+
+    tokenizer: Any
+    gate_reserved: frozenset[int]
+    max_model_len: int
+    prompts: PromptBuilder | None
+
+    async def gate_prompt(self, prompt_ids: Sequence[int], thresholds: Thresholds | None = None,
+                          cache_salt: str | None = None) -> GateOutcome:
+        raise NotImplementedError
+
+    async def gate(self, question: str, passages: Sequence[Passage] = (), conversation: Sequence[Turn] = (),
+                   thresholds: Thresholds | None = None, cache_salt: str | None = None) -> GateOutcome:
+        """Gate `question` over `passages` (and the conversation so far)."""
+        if self.prompts is None:
+            raise ValueError("this engine was started without a gate adapter: set EngineConfig.adapter")
+        prompt = self.prompts.build(question, passages, conversation)
+        outcome = await self.gate_prompt(prompt.gate, thresholds, cache_salt)
+        return GateOutcome(outcome.result, prompt, outcome.num_prompt_tokens, outcome.num_cached_tokens)
+
+    async def gate_many(self, items: Sequence[tuple[str, Sequence[Passage]]],
+                        thresholds: Thresholds | None = None) -> list[GateOutcome]:
+        """Gate several (question, passages) pairs concurrently, in the same batches."""
+        return list(await asyncio.gather(*(self.gate(q, p, thresholds=thresholds) for q, p in items)))
+
+    def _token_ids(self, prompt: Sequence[int]) -> list[int]:
+        ids = list(prompt)
+        if not ids:
+            raise InvalidInput("the prompt is empty")
+        if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < len(self.tokenizer) for t in ids):
+            raise InvalidInput(f"prompt token ids must be integers in [0, {len(self.tokenizer)})")
+        return ids
+
+    def _check_generation_prompt(self, prompt: str | Sequence[int]) -> list[int]:
+        """Token ids of a generation prompt: text is tokenized with special tokens parsed (trusted markup)."""
+        ids = self._token_ids(self.tokenizer.encode(prompt, add_special_tokens=False) if isinstance(prompt, str)
+                              else prompt)
+        if self.gate_reserved & set(ids):
+            raise InvalidInput("the prompt contains the gate's reserved tokens (its suffix or action tokens); "
+                             "generation prompts may not, use gate() for gate decisions")
+        return ids
+
+    def check_length(self, ids: Sequence[int], max_tokens: int) -> None:
+        """InvalidInput (naming the window) when `ids` plus `max_tokens` do not fit the context."""
+        if len(ids) + max_tokens > self.max_model_len:
+            raise InvalidInput(f"the prompt has {len(ids)} tokens; with max_tokens={max_tokens} it exceeds the "
+                             f"model's {self.max_model_len}-token context: shorten it or lower max_tokens")
+
+
+class SharedEngine(EngineFront):
     """The in-process engine API: `generate`, `generate_many`, `stream`, `gate`, `gate_many`, `gate_prompt`."""
 
     def __init__(self, config: EngineConfig) -> None:
@@ -246,29 +297,6 @@ class SharedEngine:
         return llm
 
     # ----- generation -------------------------------------------------------------------------
-
-    def _token_ids(self, prompt: Sequence[int]) -> list[int]:
-        ids = list(prompt)
-        if not ids:
-            raise InvalidInput("the prompt is empty")
-        if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < len(self.tokenizer) for t in ids):
-            raise InvalidInput(f"prompt token ids must be integers in [0, {len(self.tokenizer)})")
-        return ids
-
-    def _check_generation_prompt(self, prompt: str | Sequence[int]) -> list[int]:
-        """Token ids of a generation prompt: text is tokenized with special tokens parsed (trusted markup)."""
-        ids = self._token_ids(self.tokenizer.encode(prompt, add_special_tokens=False) if isinstance(prompt, str)
-                              else prompt)
-        if self.gate_reserved & set(ids):
-            raise InvalidInput("the prompt contains the gate's reserved tokens (its suffix or action tokens); "
-                             "generation prompts may not, use gate() for gate decisions")
-        return ids
-
-    def check_length(self, ids: Sequence[int], max_tokens: int) -> None:
-        """InvalidInput (naming the window) when `ids` plus `max_tokens` do not fit the context."""
-        if len(ids) + max_tokens > self.max_model_len:
-            raise InvalidInput(f"the prompt has {len(ids)} tokens; with max_tokens={max_tokens} it exceeds the "
-                             f"model's {self.max_model_len}-token context: shorten it or lower max_tokens")
 
     async def stream(self, prompt: str | Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
                      top_p: float = 1.0, stop: Sequence[str] = (), ignore_eos: bool = False, seed: int | None = None,
@@ -404,20 +432,6 @@ class SharedEngine:
                                                      request_id=f"score-{uuid.uuid4().hex}"))
         entry = final.outputs[0].logprobs[0]
         return [float(entry[t].logprob) for t in candidates], final.num_cached_tokens or 0
-
-    async def gate(self, question: str, passages: Sequence[Passage] = (), conversation: Sequence[Turn] = (),
-                   thresholds: Thresholds | None = None, cache_salt: str | None = None) -> GateOutcome:
-        """Gate `question` over `passages` (and the conversation so far)."""
-        self._require_gate()
-        assert self.prompts is not None
-        prompt = self.prompts.build(question, passages, conversation)
-        outcome = await self.gate_prompt(prompt.gate, thresholds, cache_salt)
-        return GateOutcome(outcome.result, prompt, outcome.num_prompt_tokens, outcome.num_cached_tokens)
-
-    async def gate_many(self, items: Sequence[tuple[str, Sequence[Passage]]],
-                        thresholds: Thresholds | None = None) -> list[GateOutcome]:
-        """Gate several (question, passages) pairs concurrently, in the same batches."""
-        return list(await asyncio.gather(*(self.gate(q, p, thresholds=thresholds) for q, p in items)))
 
     # ----- engine -------------------------------------------------------------------------------
 

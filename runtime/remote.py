@@ -41,8 +41,8 @@ from typing import Any
 
 from gatehead.errors import InvalidInput
 from gatehead.gate.policy import LABELS, Thresholds, gate_result
-from gatehead.gate.prompt import Passage, Turn
-from gatehead.runtime.engine import EngineConfig, EnginePlan, GateError, GateOutcome, Generation
+from gatehead.gate.prompt import Passage
+from gatehead.runtime.engine import EngineConfig, EngineFront, EnginePlan, GateError, GateOutcome, Generation
 from gatehead.runtime.plugin import GATE_FLAG, SUFFIX_FLAG
 
 _AFFINITY: ContextVar[str | None] = ContextVar("gatehead_affinity", default=None)
@@ -95,7 +95,7 @@ class Server:
         self.last_error = f"{type(error).__name__}: {error}"
 
 
-class RemoteEngine:
+class RemoteEngine(EngineFront):
     """The engine API (`gate`, `gate_prompt`, `gate_many`, `generate`, `generate_many`, `stream`, `stats`) over
     HTTP to `vllm serve` servers started with `gatehead vllm-args`."""
 
@@ -250,27 +250,6 @@ class RemoteEngine:
             return server, reply.json()
         raise EngineUnavailable("no vLLM server could take the request")
 
-    def _check_ids(self, ids: Sequence[int]) -> list[int]:
-        ids = list(ids)
-        if not ids:
-            raise InvalidInput("the prompt is empty")
-        if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < len(self.tokenizer) for t in ids):
-            raise InvalidInput(f"prompt token ids must be integers in [0, {len(self.tokenizer)})")
-        return ids
-
-    def _generation_ids(self, prompt: str | Sequence[int]) -> list[int]:
-        ids = self._check_ids(self.tokenizer.encode(prompt, add_special_tokens=False) if isinstance(prompt, str)
-                              else prompt)
-        if self.gate_reserved & set(ids):
-            raise InvalidInput("the prompt contains the gate's reserved tokens (its suffix or action tokens); "
-                               "generation prompts may not, use gate() for gate decisions")
-        return ids
-
-    def check_length(self, ids: Sequence[int], max_tokens: int) -> None:
-        if len(ids) + max_tokens > self.max_model_len:
-            raise InvalidInput(f"the prompt has {len(ids)} tokens; with max_tokens={max_tokens} it exceeds the "
-                               f"model's {self.max_model_len}-token context: shorten it or lower max_tokens")
-
     def _gate_payload(self, ids: list[int], cache_salt: str | None) -> dict[str, Any]:
         extra: dict[str, Any] = {GATE_FLAG: "gate"}
         if self.adapter.suffix_mode:
@@ -301,7 +280,7 @@ class RemoteEngine:
     async def gate_prompt(self, prompt_ids: Sequence[int], thresholds: Thresholds | None = None,
                           cache_salt: str | None = None) -> GateOutcome:
         """Gate a laid-out gate prompt (token ids ending with the suffix, as `prompts.build(...).gate` makes)."""
-        ids = self._check_ids(prompt_ids)
+        ids = self._token_ids(prompt_ids)
         n = len(self.suffix_ids)
         if tuple(ids[-n:]) != self.suffix_ids:
             raise InvalidInput("a gate prompt must end with the adapter's invocation suffix; build it with "
@@ -310,17 +289,6 @@ class RemoteEngine:
         self._counts["gate_requests"] += 1
         _, body = await self._post("/v1/completions", self._gate_payload(ids, cache_salt), cache_salt)
         return self._outcome(body, ids, thresholds)
-
-    async def gate(self, question: str, passages: Sequence[Passage] = (), conversation: Sequence[Turn] = (),
-                   thresholds: Thresholds | None = None, cache_salt: str | None = None) -> GateOutcome:
-        """Gate `question` over `passages` (and the conversation so far)."""
-        prompt = self.prompts.build(question, passages, conversation)
-        outcome = await self.gate_prompt(prompt.gate, thresholds, cache_salt)
-        return GateOutcome(outcome.result, prompt, outcome.num_prompt_tokens, outcome.num_cached_tokens)
-
-    async def gate_many(self, items: Sequence[tuple[str, Sequence[Passage]]],
-                        thresholds: Thresholds | None = None) -> list[GateOutcome]:
-        return list(await asyncio.gather(*(self.gate(q, p, thresholds=thresholds) for q, p in items)))
 
     async def stream(self, prompt: str | Sequence[int], *, max_tokens: int = 256, temperature: float = 0.0,
                      top_p: float = 1.0, stop: Sequence[str] = (), ignore_eos: bool = False, seed: int | None = None,
@@ -332,7 +300,7 @@ class RemoteEngine:
 
         if max_tokens < 1:
             raise InvalidInput(f"max_tokens must be >= 1, got {max_tokens}")
-        ids = self._generation_ids(prompt)
+        ids = self._check_generation_prompt(prompt)
         self.check_length(ids, max_tokens)
         salt = cache_salt
         if bypass_prefix_cache:  # no cached block matches a fresh salt: the prompt is computed afresh
