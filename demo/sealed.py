@@ -23,7 +23,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from gatehead.demo import DEMO_DIR
-from gatehead.provenance import append_to_ledger, described_commit, fingerprint, read_ledger
+from gatehead.digest import fingerprint
+from gatehead.provenance import append_to_ledger, described_commit, read_ledger
 
 ROOT = DEMO_DIR.parent
 LEDGER = ROOT / "evals" / "demo-ledger.jsonl"  # append-only: every verdict and every reading of a test split
@@ -72,7 +73,7 @@ def unseal(path: Path, model: Path, adapter: Path | None, ledger: Path | None = 
 
 
 def weights_of(model: Path, adapter: Path | None) -> dict[str, str]:
-    """The fingerprints a reading records: the model's and the gate adapter's (`provenance.fingerprint`)."""
+    """The fingerprints a reading records: the model's and the gate adapter's (`gatehead.digest.fingerprint`)."""
     return {"model": fingerprint(Path(model)), **({"adapter": fingerprint(Path(adapter))} if adapter else {})}
 
 

@@ -22,6 +22,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from gatehead.digest import fingerprint
 from gatehead.figures.items import FIGURES_DIR, ITEMS, LEDGER, ROOT, Item, by_name
 from gatehead.figures.pages import (
     BLOCK,
@@ -34,7 +35,6 @@ from gatehead.figures.pages import (
 )
 from gatehead.figures.runner import fingerprints, run_item, sealed_read, shown, stop_on_signals
 from gatehead.figures.views import VIEWS
-from gatehead.provenance import fingerprint
 
 __all__ = ["BLOCK", "FIGURES_DIR", "ITEMS", "LEDGER", "PAGES", "ROOT", "VIEWS", "FiguresConfig", "Item", "by_name",
            "fingerprint", "fingerprints", "load_envelope", "main", "readme_problems", "render_block",

@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from gatehead import provenance
+from gatehead.digest import fingerprint
 from gatehead.figures.items import FIGURES_DIR, FIGURES_ENV, LEDGER, ROOT, SUITE_LAYOUT, Item
-from gatehead.provenance import fingerprint
 
 
 def fingerprints(item: Item, root: Path = ROOT) -> dict[str, str]:

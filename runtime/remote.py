@@ -42,7 +42,8 @@ from typing import Any
 from gatehead.errors import InvalidInput
 from gatehead.gate.policy import LABELS, Thresholds, gate_result
 from gatehead.gate.prompt import Passage
-from gatehead.runtime.engine import EngineConfig, EngineFront, EnginePlan, GateError, GateOutcome, Generation
+from gatehead.runtime.engine import EngineFront, GateError, GateOutcome, Generation
+from gatehead.runtime.plan import EngineConfig, EnginePlan
 from gatehead.runtime.plugin import GATE_FLAG, SUFFIX_FLAG
 
 _AFFINITY: ContextVar[str | None] = ContextVar("gatehead_affinity", default=None)

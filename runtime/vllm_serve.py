@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gatehead.runtime.engine import EngineConfig, EnginePlan
+from gatehead.runtime.plan import EngineConfig, EnginePlan
 
 # Environment the server needs: the plugin hooks vLLM's V1 model runner (V2 is the default on GPUs with Triton).
 ENVIRONMENT = {"VLLM_USE_V2_MODEL_RUNNER": "0"}
@@ -29,7 +29,7 @@ _IN_PROCESS_ONLY = {"disable_log_stats"}
 def served_model_name(plan: EnginePlan) -> str:
     """The model id the server reports (`/v1/models`): the base's folder and the gate adapter's fingerprint,
     which a client (`RemoteEngine`) checks against the adapter it lays prompts out for."""
-    from gatehead.provenance import fingerprint
+    from gatehead.digest import fingerprint
 
     name = Path(plan.config.model).resolve().name
     if plan.adapter is None:

@@ -11,7 +11,7 @@ from gatehead.demo import sealed
 from gatehead.demo.build import train_gate_and_report
 from gatehead.demo.evaluate import evaluation_sets
 from gatehead.demo.splits import DATA_DIR, held_out_examples
-from gatehead.provenance import fingerprint
+from gatehead.digest import fingerprint
 
 
 @pytest.fixture

@@ -70,7 +70,7 @@ def test_an_explicit_kv_size_bounds_the_default_window_to_what_fits(caplog) -> N
     holds one request of 5,825 tokens in fp32, so the window defaults to 5,632 (whole 256-token steps)."""
     from types import SimpleNamespace
 
-    from gatehead.runtime.engine import default_window, kv_bytes_per_token
+    from gatehead.runtime.plan import default_window, kv_bytes_per_token
 
     shape = SimpleNamespace(max_position_embeddings=8192, num_hidden_layers=30, num_attention_heads=9,
                             num_key_value_heads=3, head_dim=64, hidden_size=576)
