@@ -101,8 +101,8 @@ class RemoteEngine(EngineFront):
     HTTP to `vllm serve` servers started with `gatehead vllm-args`."""
 
     def __init__(self, config: RemoteConfig) -> None:
-        """Read the tokenizer and adapter and ask each server what it serves (`check`): every server must serve
-        this adapter's model id and one context window. Servers not yet up are checked again by `warm_up`."""
+        """Read the tokenizer and the adapter, and the context window from the first server that answers; `check`
+        (and `warm_up`) then verify that every server serves this adapter's model id with that window."""
         import httpx
 
         self.config = config
