@@ -38,7 +38,7 @@ async def gate_decision(engine: Engine, question: str, passages: Sequence[Any], 
                         thresholds: Thresholds | None = None, cache_salt: str | None = None) -> dict:
     """Gate `question` over `passages` on the shared engine.
 
-    Returns {"decision", "probs", "thresholds", "prompt_tokens", "dropped", "prompt"}; `dropped` names
+    Returns {"decision", "probs", "thresholds", "prompt_tokens", "cached_tokens", "dropped", "prompt"}; `dropped` names
     what the context budget left out (turn indices, passage sources or indices).
     The building block of the agent's gate node and of `gate_node` for graphs of your own.
     """
@@ -48,6 +48,7 @@ async def gate_decision(engine: Engine, question: str, passages: Sequence[Any], 
     prompt = outcome.prompt
     return {"decision": outcome.result.decision, "probs": dict(outcome.result.probs),
             "thresholds": outcome.result.thresholds.to_dict(), "prompt_tokens": outcome.num_prompt_tokens,
+            "cached_tokens": outcome.num_cached_tokens,
             "dropped": {"turns": list(prompt.dropped.turns),
                         "passages": [kept[i].source or str(i) for i in prompt.dropped.passages]},
             "prompt": prompt}
@@ -117,13 +118,19 @@ async def contextualize(state: AgentState, runtime: Runtime[AgentContext]) -> di
     ctx = runtime.context
     prompt = ctx.rewriter.build(state["question"], (), turns_of(state["history"]))
     out = await ctx.engine.generate(prompt.answer, max_tokens=ctx.config.max_rewrite_tokens, cache_salt=ctx.cache_salt)
-    text = out.text.strip()
+    text, spent = out.text.strip(), spent_on(prompt.answer, out)
     reason = rewrite_problem(text, state["question"], state["history"])
     if reason is None:
-        return {"standalone": text}
+        return {"standalone": text, "_timing": spent}
     used = joined_question(state["question"], state["history"])
-    return {"standalone": used,
+    return {"standalone": used, "_timing": spent,
             "rewrite_fallbacks": [{"node": "contextualize", "rewrite": text, "used": used, "reason": reason}]}
+
+
+def spent_on(prompt: Sequence[int], out: Any) -> dict:
+    """The tokens one generation spent, as a node's timing entry carries them (`TurnResult.usage` sums them)."""
+    return {"prompt_tokens": len(prompt), "cached_tokens": out.num_cached_tokens,
+            "completion_tokens": len(out.token_ids)}
 
 
 async def retrieve(state: AgentState, runtime: Runtime[AgentContext]) -> dict:
@@ -157,9 +164,13 @@ async def gate(state: AgentState, runtime: Runtime[AgentContext]) -> dict:
             await ctx.held.drop(held)
         raise
     call = {"query": state["ask"], "probs": result["probs"], "decision": result["decision"]}
+    # What the engine spent: the gate's prompt (it samples no text), and an answer held beside it and dropped.
+    spent = {"prompt_tokens": result["prompt_tokens"], "cached_tokens": result["cached_tokens"], "completion_tokens": 0}
     if held is not None and result["decision"] != "answer":
         call["wasted_answer_tokens"] = await ctx.held.drop(held)
-    return {"gates": [call], "dropped": result["dropped"]}
+        spent["prompt_tokens"] += len(prompt.answer)
+        spent["completion_tokens"] = call["wasted_answer_tokens"]
+    return {"gates": [call], "dropped": result["dropped"], "_timing": spent}
 
 
 async def generate(state: AgentState, runtime: Runtime[AgentContext]) -> dict:
@@ -188,7 +199,7 @@ async def generate(state: AgentState, runtime: Runtime[AgentContext]) -> dict:
             else {"decision": "answer", "grounded": grounded(answer, prompt.passages)})
     return {"answer": answer, **said, "finish_reason": finish or "stop",
             "_timing": {"ttft": round(first or 0.0, 6), "cached_tokens": cached, "answer_tokens": tokens,
-                        "prompt_tokens": len(prompt.answer), "held": held is not None}}
+                        "completion_tokens": tokens, "prompt_tokens": len(prompt.answer), "held": held is not None}}
 
 
 async def refusal(state: AgentState, runtime: Runtime[AgentContext]) -> dict:
@@ -207,8 +218,8 @@ async def rewrite(state: AgentState, runtime: Runtime[AgentContext]) -> dict:
     sources = [state["question"], *(f"{p.title}\n{p.text}" for p in passages)]
     reason = rewrite_problem(text, state["ask"], state["history"], sources=sources, keep_names=False)
     if reason is None:
-        return {"ask": text, "searches": searches}
-    return {"ask": state["ask"], "searches": searches,
+        return {"ask": text, "searches": searches, "_timing": spent_on(prompt.answer, out)}
+    return {"ask": state["ask"], "searches": searches, "_timing": spent_on(prompt.answer, out),
             "rewrite_fallbacks": [{"node": "rewrite", "rewrite": text, "used": state["ask"], "reason": reason}]}
 
 

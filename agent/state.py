@@ -87,6 +87,9 @@ def turns_of(history: Sequence[dict]) -> list[Turn]:
     return [Turn(t["role"], t["text"]) for t in history]
 
 
+USAGE_KEYS = ("prompt_tokens", "cached_tokens", "completion_tokens")
+
+
 @dataclass(frozen=True)
 class TurnResult:
     """What one turn did and said."""
@@ -118,6 +121,20 @@ class TurnResult:
         return any(t["node"] == "generate" for t in self.timings)
 
     @property
+    def usage(self) -> dict:
+        """The tokens the turn's engine requests spent, by node (gate, contextualize, rewrite, generate) and in all:
+        prompt tokens (the prefix cache's share among them as `cached_tokens`) and completion tokens (answer
+        and rewrite text, and the tokens of an answer held beside a gate that did not say answer)."""
+        nodes: dict[str, dict[str, int]] = {}
+        for entry in self.timings:
+            if "prompt_tokens" in entry:
+                sums = nodes.setdefault(entry["node"], dict.fromkeys(USAGE_KEYS, 0))
+                for key in USAGE_KEYS:
+                    sums[key] += int(entry.get(key, 0))
+        total = {key: sum(n[key] for n in nodes.values()) for key in USAGE_KEYS}
+        return {**total, "total_tokens": total["prompt_tokens"] + total["completion_tokens"], "nodes": nodes}
+
+    @property
     def probs(self) -> dict[str, float]:
         """The last gate call's probabilities."""
         return self.gates[-1]["probs"] if self.gates else {}
@@ -125,6 +142,7 @@ class TurnResult:
     def to_dict(self) -> dict:
         out = asdict(self)
         out["sources"] = self.sources
+        out["usage"] = self.usage
         return out
 
     @classmethod

@@ -5,12 +5,45 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
 AGENT_MODEL = "gatehead-agent"  # the OpenAI API's model id of an agent turn
 
 
-class Strict(BaseModel):
+def lone_surrogate(value: Any, path: str = "") -> str | None:
+    """Where in a JSON value a string holds a lone surrogate (JSON's "\\ud800", which decodes to no text), or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path or "body"
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            found = lone_surrogate(key, path) or lone_surrogate(item, f"{path}.{key}" if path else str(key))
+            if found:
+                return found
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            if found := lone_surrogate(item, f"{path}[{index}]"):
+                return found
+    return None
+
+
+class Body(BaseModel):
+    """A request body: no string in it may hold a lone surrogate (a 400 naming the field, not a failure later
+    in retrieval, the tokenizer or the log)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_only(cls, data: Any) -> Any:
+        if path := lone_surrogate(data):
+            raise PydanticCustomError("lone_surrogate", "{path} holds a lone surrogate (\\ud800-\\udfff), not text",
+                                      {"path": path})
+        return data
+
+
+class Strict(Body):
     model_config = ConfigDict(extra="forbid")
 
 
@@ -46,17 +79,23 @@ class ChatRequest(Strict):
     stream: bool = False
 
 
-class OpenAIMessage(BaseModel):
+class OpenAIMessage(Body):
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "user", "assistant", "developer"]
     content: str | list[dict[str, Any]] | None = None
 
 
-class CompletionRequest(BaseModel):
+class StreamOptions(Body):
+    model_config = ConfigDict(extra="allow")  # newer options gatehead does not act on (include_obfuscation)
+    include_usage: bool = False  # a last chunk, with no choices, carries the completion's usage
+
+
+class CompletionRequest(Body):
     model_config = ConfigDict(extra="allow")  # OpenAI clients send fields gatehead ignores (user, metadata...)
     model: str = Field(examples=[AGENT_MODEL, "gatehead-demo"])
     messages: list[OpenAIMessage] = Field(min_length=1)
     stream: bool = False
+    stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)

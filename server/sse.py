@@ -34,17 +34,22 @@ def agent_error(code: int, kind: str, message: str, details: dict) -> str:
     return event("error", {"message": message, "code": code})
 
 
-def chunk(completion_id: str, model: str, delta: dict, finish: str | None, extra: dict | None = None) -> str:
-    """One `chat.completion.chunk`; `extra` goes under the `gatehead` key."""
+def chunk(completion_id: str, model: str, delta: dict | None, finish: str | None, extra: dict | None = None,
+          usage: dict | None | bool = False) -> str:
+    """One `chat.completion.chunk`; `extra` goes under the `gatehead` key. With `stream_options.include_usage`
+    every chunk has a `usage` key (None) and the last one, `delta` None, has no choices and the usage."""
     body = {"id": completion_id, "object": "chat.completion.chunk", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+            "choices": [] if delta is None else [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    if usage is not False:
+        body["usage"] = usage
     if extra is not None:
         body["gatehead"] = extra
     return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
 
 
 def openai_error(code: int, kind: str, message: str, details: dict) -> str:
-    return f"data: {json.dumps({'error': {'message': message, 'type': kind, 'code': code}})}\n\n"
+    body = {"error": {"message": message, "type": kind, "param": details.get("param"), "code": code}}
+    return f"data: {json.dumps(body)}\n\n"
 
 
 DONE = "data: [DONE]\n\n"

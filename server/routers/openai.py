@@ -2,7 +2,9 @@
 
 Two models: `gatehead-agent` runs an agent turn on the conversation the request carries (its
 thread is deleted after), and the base model's name generates plainly. Fields gatehead does not
-implement are refused (400) rather than silently ignored.
+implement are refused (400) rather than silently ignored. `usage` counts the engine's tokens: a
+plain completion's prompt and text, an agent turn's every request (gates, rewrites, the answer:
+`TurnResult.usage`); `stream_options.include_usage` adds OpenAI's last chunk with it.
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ async def chat_completions(body: CompletionRequest, request: Request, services: 
     stop = _refuse_unsupported(body, agent=body.model == AGENT_MODEL)
     messages = [(m.role if m.role != "developer" else "system", _text(m.content)) for m in body.messages]
     max_tokens = body.max_completion_tokens or body.max_tokens
-    completion = Completion(f"chatcmpl-{uuid.uuid4().hex}", body.model)
+    completion = Completion(f"chatcmpl-{uuid.uuid4().hex}", body.model,
+                            body.stream_options is not None and body.stream_options.include_usage)
     if body.model == AGENT_MODEL:
         return await _agent_turn(request, services, tenant.cache_salt, completion, messages, max_tokens, body.stream)
     engine = services.engine
@@ -67,24 +70,41 @@ async def chat_completions(body: CompletionRequest, request: Request, services: 
     if body.stream:
         return _streaming(request, services, _plain_chunks(services, completion, prompt, sampling))
     out = await bounded(request, services, services.generator.generate(prompt, **sampling))
-    usage = {"prompt_tokens": len(prompt), "completion_tokens": len(out.token_ids),
-             "total_tokens": len(prompt) + len(out.token_ids)}
+    usage = _usage(len(prompt), len(out.token_ids), out.num_cached_tokens)
     return completion.whole(out.text, _finish(out.finish_reason), usage, None)
 
 
-class Completion:
-    """One completion's id and model, which every chunk and the whole response carry."""
+def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict:
+    """OpenAI's usage object."""
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached_tokens}}
 
-    def __init__(self, completion_id: str, model: str) -> None:
-        self.id, self.model = completion_id, model
+
+def _turn_usage(result) -> dict:
+    """An agent turn's usage: every engine request it made (gates, rewrites, the answer; `TurnResult.usage`)."""
+    spent = result.usage
+    return _usage(spent["prompt_tokens"], spent["completion_tokens"], spent["cached_tokens"])
+
+
+class Completion:
+    """One completion's id and model, which every chunk and the whole response carry; `include_usage`: the
+    stream ends with a usage chunk (`stream_options`)."""
+
+    def __init__(self, completion_id: str, model: str, include_usage: bool = False) -> None:
+        self.id, self.model, self.include_usage = completion_id, model, include_usage
 
     def chunk(self, delta: dict, finish: str | None = None, extra: dict | None = None) -> str:
-        return chunk(self.id, self.model, delta, finish, extra)
+        return chunk(self.id, self.model, delta, finish, extra, None if self.include_usage else False)
 
-    def whole(self, text: str, finish: str, usage: dict | None, gatehead: dict | None) -> dict:
+    def usage_chunk(self, usage: dict) -> str:
+        """The stream's last chunk where usage was asked for ("" where not)."""
+        return chunk(self.id, self.model, None, None, None, usage) if self.include_usage else ""
+
+    def whole(self, text: str, finish: str, usage: dict, gatehead: dict | None) -> dict:
         out = {"id": self.id, "object": "chat.completion", "created": int(time.time()), "model": self.model,
                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish}],
-               "usage": usage or {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}}
+               "usage": usage}
         if gatehead is not None:
             out["gatehead"] = gatehead
         return out
@@ -108,7 +128,7 @@ async def _agent_turn(request: Request, services: Services, salt: str | None, co
     services.record_turn(result)
     if result.error:
         return error_response(502, result.error, "retrieval_error")
-    return completion.whole(result.answer, _finish(result.finish_reason), None, _gatehead(result))
+    return completion.whole(result.answer, _finish(result.finish_reason), _turn_usage(result), _gatehead(result))
 
 
 def _streaming(request: Request, services: Services, chunks: AsyncIterator[str]) -> StreamingResponse:
@@ -147,6 +167,7 @@ async def _agent_chunks(services: Services, completion: Completion, question: st
                 if not result.generated and result.answer:  # a refusal or a question back is said, not streamed
                     yield completion.chunk({"content": result.answer})
                 yield completion.chunk({}, _finish(result.finish_reason), _gatehead(result))
+                yield completion.usage_chunk(_turn_usage(result))
         yield DONE
     finally:
         with anyio.CancelScope(shield=True):  # a gone client's stream is cancelled: the delete must still run
@@ -155,7 +176,7 @@ async def _agent_chunks(services: Services, completion: Completion, question: st
 
 async def _plain_chunks(services: Services, completion: Completion, prompt: list[int],
                         sampling: dict) -> AsyncIterator[str]:
-    started, text, first, finish = time.perf_counter(), "", True, None
+    started, text, first, finish, last = time.perf_counter(), "", True, None, None
     yield completion.chunk({"role": "assistant", "content": ""})
     async for out in services.generator.stream(prompt, **sampling):
         if out.text != text:
@@ -164,8 +185,10 @@ async def _plain_chunks(services: Services, completion: Completion, prompt: list
                 first = False
             yield completion.chunk({"content": out.text[len(text):]})
             text = out.text
-        finish = out.finish_reason
+        finish, last = out.finish_reason, out
     yield completion.chunk({}, _finish(finish))
+    yield completion.usage_chunk(_usage(len(prompt), len(last.token_ids) if last else 0,
+                                        last.num_cached_tokens if last else 0))
     yield DONE
 
 
@@ -174,7 +197,9 @@ def _refuse_unsupported(body: CompletionRequest, agent: bool) -> list[str]:
     extra = body.model_extra or {}
     used = sorted(name for name, idle in UNSUPPORTED.items() if name in extra and extra[name] not in idle)
     if used:
-        raise ApiError(400, f"gatehead does not support {', '.join(used)}; leave them out")
+        raise ApiError(400, f"gatehead does not support {', '.join(used)}; leave them out", param=used[0])
+    if body.stream_options is not None and not body.stream:
+        raise ApiError(400, "stream_options is only allowed with stream: true", param="stream_options")
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
     if len(stop) > 4 or any(not s for s in stop):
         raise ApiError(400, "stop takes at most 4 non-empty strings")
@@ -204,7 +229,8 @@ def _text(content: str | list[dict[str, Any]] | None) -> str:
 def _gatehead(result) -> dict:
     """The turn's own fields beside the OpenAI ones: the decision the user got, and how it came about."""
     return {"decision": result.decision, "refusal_reason": result.refusal_reason or None, "grounded": result.grounded,
-            "gates": result.gates, "sources": result.sources, "rewrite_fallbacks": result.rewrite_fallbacks}
+            "gates": result.gates, "sources": result.sources, "rewrite_fallbacks": result.rewrite_fallbacks,
+            "usage": result.usage["nodes"]}
 
 
 def _finish(reason: str | None) -> str:

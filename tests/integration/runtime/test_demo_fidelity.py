@@ -1,9 +1,10 @@
 """Fidelity on the trained demo model and gate, where decisions spread over all three classes and flips mean something.
 
-Same judging rules as `test_fidelity.py` (tiny random model), full size: 32 answer requests of 64
-tokens mixed with 32 gate requests for stability, 256 gate requests mixed with 32 generations for
-agreement. The requests are the demo's held-out questions with the documents the real retriever
-returned for them.
+Same judging rules as `test_fidelity.py` (tiny random model), on the demo model: 16 answer requests of 64
+tokens mixed with 16 gate requests for stability (32 and 32 until 2026-12-06, when the suite ran over its
+budget on an AVX2 host; `gatehead figures --only eval-stability` runs 64 on this model), 256 gate requests
+mixed with 32 generations for agreement. The requests are the demo's held-out questions with the documents
+the real retriever returned for them.
 """
 
 from __future__ import annotations
@@ -37,10 +38,10 @@ def built(engine: SharedEngine, examples, kind: str) -> list[tuple[int, ...]]:
 def test_demo_stability_with_gates_in_the_batches(demo_stock, demo_shared, held_out, loop, record_figure) -> None:
     """The trained model's answers are bit-identical to stock vLLM's with gate requests in the same batches.
     (Without gates, and in compile mode, the tiny model checks the same: test_fidelity*.py.)"""
-    answers = built(demo_shared, held_out[:32], "answer")
-    gates = built(demo_shared, held_out[32:64], "gate")
+    answers = built(demo_shared, held_out[:16], "answer")
+    gates = built(demo_shared, held_out[16:32], "gate")
     result = loop.run(check_stability(demo_stock, demo_shared, answers, 64, gates))
-    record_figure("demo/stability/mixed", "answer stability, 32 held-out questions x 64 tokens, 32 gates mixed in",
+    record_figure("demo/stability/mixed", "answer stability, 16 held-out questions x 64 tokens, 16 gates mixed in",
                   result)
     assert result.passed, result
 

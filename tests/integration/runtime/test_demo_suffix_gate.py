@@ -18,9 +18,10 @@ from gatehead.testing import demo_kit
 
 MODEL_DIR, _, SUFFIX_ADAPTER_DIR = demo_kit()
 
-# 128 gates (all three decisions among them, asserted below): the rule is a constant, not a largest move
-# measured over the gates, and the HF fp32 reference costs 1.3 s a gate on one AVX2 core.
-N = 128
+# 64 gates (all three decisions among them, asserted below): the rule is a constant, not a largest move
+# measured over the gates, and the HF fp32 reference costs 1.3 s a gate on one AVX2 core (128 until
+# 2026-12-06, when the suite ran over its budget on an AVX2 host).
+N = 64
 
 
 @pytest.fixture(scope="module")

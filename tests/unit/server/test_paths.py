@@ -377,3 +377,81 @@ def test_a_rewrite_that_fails_its_check_is_in_the_turns_result(service, engine) 
     assert body["queries"] == [joined] and body["rewrite_fallbacks"] == [
         {"node": "contextualize", "rewrite": "The warranty lasts two years [1].", "used": joined,
          "reason": "an earlier answer"}]
+
+
+def test_openai_usage_counts_every_engine_request_of_the_turn_and_streams_it_last_when_asked(service,
+                                                                                              engine) -> None:
+    body = {"model": "gatehead-agent", "messages": [{"role": "user", "content": "How long?"}]}
+
+    async def go():
+        scripted = engine("search", "answer", answer="It lasts two years [1].")
+        async with service(scripted) as (client, services):
+            whole = await client.post("/v1/chat/completions", json=body)
+            scripted.decisions = ["search", "answer"]
+            asked = await client.post("/v1/chat/completions",
+                                      json={**body, "stream": True, "stream_options": {"include_usage": True}})
+            unasked = await client.post("/v1/chat/completions", json={**body, "stream": True})
+            plain = {"model": services.config.base_name, "messages": body["messages"], "max_tokens": 4}
+            plain_whole = await client.post("/v1/chat/completions", json=plain)
+            plain_asked = await client.post("/v1/chat/completions",
+                                            json={**plain, "stream": True, "stream_options": {"include_usage": True}})
+            alone = await client.post("/v1/chat/completions", json={**body, "stream_options": {"include_usage": True}})
+        return whole.json(), sse(asked.text), sse(unasked.text), plain_whole.json(), sse(plain_asked.text), alone
+
+    whole, asked, unasked, plain_whole, plain_asked, alone = run(go())
+    usage, nodes = whole["usage"], whole["gatehead"]["usage"]
+    # Two gates, the rewrite between them and the answer; the service's generations stream (the guard reads
+    # them), and the scripted stream is the answer's 5 words, a token each: the rewrite's too.
+    assert set(nodes) == {"gate", "rewrite", "generate"} and nodes["gate"]["completion_tokens"] == 0
+    assert nodes["rewrite"]["completion_tokens"] == nodes["generate"]["completion_tokens"] == 5
+    assert usage["completion_tokens"] == 10
+    assert usage["prompt_tokens"] == sum(n["prompt_tokens"] for n in nodes.values())
+    assert usage["total_tokens"] == usage["prompt_tokens"] + 10 and nodes["gate"]["prompt_tokens"] > 0
+    # The scripted stream reads all but one prompt token from the cache; the scripted gate none.
+    assert usage["prompt_tokens_details"]["cached_tokens"] == \
+        nodes["rewrite"]["prompt_tokens"] - 1 + nodes["generate"]["prompt_tokens"] - 1
+    data = [d for _, d in asked if d != "[DONE]"]
+    assert data[-1]["choices"] == [] and data[-1]["usage"] == usage and asked[-1] == ("data", "[DONE]")
+    assert all(d["usage"] is None for d in data[:-1])  # OpenAI's stream: null until the last chunk
+    assert all("usage" not in d for _, d in unasked if d != "[DONE]")
+    assert plain_whole["usage"]["completion_tokens"] == 5  # the scripted stream: the whole answer, 5 tokens
+    last = [d for _, d in plain_asked if d != "[DONE]"][-1]
+    assert last["choices"] == [] and last["usage"] == plain_whole["usage"]
+    assert alone.status_code == 400 and alone.json()["error"]["param"] == "stream_options"
+
+
+def test_every_body_that_fails_its_schema_is_a_400_in_openais_shape_naming_the_field(service, engine) -> None:
+    chat = {"model": "gatehead-agent", "messages": [{"role": "user", "content": "How long?"}]}
+    cases = [("/v1/chat/completions", {**chat, "n": 2}, "n"),
+             ("/v1/chat/completions", {**chat, "temperature": 7.5}, "temperature"),
+             ("/v1/chat/completions", {**chat, "messages": []}, "messages"),
+             ("/v1/chat/completions", {**chat, "messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role"),
+             ("/v1/chat/completions", {"messages": chat["messages"]}, "model"),
+             ("/v1/gate", {**GATE, "colour": "red"}, "colour"),
+             ("/v1/agent/chat", {"message": "hi", "thread_id": "a\u0000b"}, "thread_id"),
+             # A lone surrogate, as JSON carries it ("\ud800"): no text, refused before retrieval or the engine.
+             ("/v1/chat/completions", {**chat, "messages": [{"role": "user", "content": "a\ud800"}]},
+              "messages[0].content"),
+             ("/v1/chat/completions", {**chat, "messages": [{"role": "user", "content": [
+                 {"type": "text", "text": "\udfff"}]}]}, "messages[0].content[0].text"),
+             ("/v1/agent/chat", {"message": "How long?\ud800"}, "message"),
+             ("/v1/gate", {**GATE, "documents": ["fine", "\ud83d"]}, "documents[1]")]
+
+    async def go():
+        scripted, store = engine(), ScriptedStore()
+        async with service(scripted, opener=opener_of(scripted, store)) as (client, _):
+            replies = []
+            for path, body, _ in cases:
+                content = json.dumps(body, ensure_ascii=True)  # escapes kept: "\ud800" travels as clients send it
+                replies.append(await client.post(path, content=content, headers={"content-type": "application/json"}))
+            replies.append(await client.post("/v1/gate", content=b"{not json", headers={"content-type":
+                                                                                       "application/json"}))
+            return replies, list(scripted.calls), list(store.queries)
+
+    replies, calls, queries = run(go())
+    for (path, body, param), reply in zip(cases, replies, strict=False):
+        error = reply.json()["error"]
+        assert reply.status_code == 400 and error["param"] == param, (path, body, reply.text)
+        assert error["type"] == "invalid_request_error" and error["code"] == 400 and error["message"]
+    assert replies[-1].status_code == 400 and "JSON" in replies[-1].json()["error"]["message"]
+    assert calls == [] and queries == []  # nothing reached the engine or the store
