@@ -46,11 +46,23 @@ def thresholds(args: argparse.Namespace):
     return Thresholds.from_dict(given) if given else None
 
 
+def vllm_urls(args: argparse.Namespace) -> tuple[str, ...]:
+    """The servers `--vllm-url` names (comma-separated), or none."""
+    return tuple(u.strip() for u in (getattr(args, "vllm_url", None) or "").split(",") if u.strip())
+
+
 def start_engine(args: argparse.Namespace, gate: bool = True):
-    """A shared engine on the chosen (or default) model and adapter, eager, with a small KV pool."""
+    """A shared engine on the chosen (or default) model and adapter, eager, with a small KV pool; or, with
+    `--vllm-url`, a `RemoteEngine` on those servers."""
     from gatehead.runtime.engine import EngineConfig, SharedEngine
 
     locations = model_locations()
+    if vllm_urls(args):
+        from gatehead.runtime.remote import RemoteConfig, RemoteEngine
+
+        return RemoteEngine(RemoteConfig(urls=vllm_urls(args), model=chosen_model(args.model),
+                                         adapter=args.adapter or locations["adapter"],
+                                         api_key=os.environ.get("VLLM_API_KEY")))
     return SharedEngine(EngineConfig(model=chosen_model(args.model),
                                      adapter=(args.adapter or locations["adapter"]) if gate else None,
                                      enforce_eager=not args.compile, kv_cache_memory_bytes=args.kv_mb << 20,

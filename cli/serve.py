@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from gatehead.cli.common import agent_store, base_model_name, chosen_model, model_locations
+from gatehead.cli.common import agent_store, base_model_name, chosen_model, model_locations, vllm_urls
 from gatehead.cli.settings import SERVE, add_settings, apply_environment
 from gatehead.runtime.canary import CanaryConfig
 from gatehead.runtime.guard import GuardConfig
@@ -48,7 +48,8 @@ def _serve(args: argparse.Namespace) -> int:
                           block_size=args.block_size, max_num_batched_tokens=args.max_batched_tokens, dtype=args.dtype,
                           extra=engine_args(args))
     config = ServerConfig(
-        engine=engine, base_model_name=base_model_name(model), store=store, corpus=corpus, threads=args.threads,
+        engine=engine, vllm_urls=vllm_urls(args), vllm_api_key=os.environ.get("VLLM_API_KEY"),
+        base_model_name=base_model_name(model), store=store, corpus=corpus, threads=args.threads,
         api_keys=tuple(k.strip() for k in keys), cors_origins=tuple(args.cors_origin or ()),
         max_body_bytes=args.max_body, max_inflight=args.max_inflight, request_timeout=args.timeout,
         drain_seconds=args.drain_seconds,

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from gatehead.gate.policy import LABELS
 from gatehead.gate.prompt import Passage
+from gatehead.runtime.affinity import pinned
 
 log = logging.getLogger("gatehead.canary")
 
@@ -128,12 +129,13 @@ class Canaries:
     """Records the canaries on an engine, re-runs them, and says whether the engine still answers as recorded."""
 
     def __init__(self, engine, config: CanaryConfig = CanaryConfig(),
-                 canaries: Sequence[Canary] = DEFAULT_CANARIES) -> None:
+                 canaries: Sequence[Canary] = DEFAULT_CANARIES, server: str | None = None) -> None:
+        """`server`: one of a remote engine's servers, which every canary request is pinned to."""
         if engine.adapter is None:
             raise ValueError("canaries watch a shared engine: start it with a gate adapter")
         if len({c.name for c in canaries}) != len(canaries):
             raise ValueError("canary names must be unique")
-        self.engine, self.config, self.canaries = engine, config, list(canaries)
+        self.engine, self.config, self.canaries, self.server = engine, config, list(canaries), server
         self.records: dict[str, GateRecord | GenerationRecord] = {}
         self.state = CanaryState()
         self._wake = asyncio.Event()
@@ -144,11 +146,12 @@ class Canaries:
 
     async def _run(self, canary: Canary) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]:
         """(probs, (), ()) for a gate canary; (token ids, logprobs, margins) for a generation canary."""
-        if canary.kind == "gate":
-            outcome = await self.engine.gate(canary.question, canary.passages)
-            return tuple(outcome.result.probs[label] for label in LABELS), (), ()
-        prompt = self.engine.prompts.build(canary.question, canary.passages).answer
-        return await self.engine.greedy_margins(prompt, self.config.max_tokens)
+        with pinned(self.server):
+            if canary.kind == "gate":
+                outcome = await self.engine.gate(canary.question, canary.passages)
+                return tuple(outcome.result.probs[label] for label in LABELS), (), ()
+            prompt = self.engine.prompts.build(canary.question, canary.passages).answer
+            return await self.engine.greedy_margins(prompt, self.config.max_tokens)
 
     async def record(self) -> None:
         """Run every canary `repeats` times (alone first, then side by side) and keep what they gave.
@@ -249,6 +252,45 @@ class Canaries:
                 log.exception("canary check could not run")
                 self._counted([], failed=True)
             await asyncio.sleep(1.0)  # pokes that came during the check are served by the next one
+
+
+class CanaryGroup:
+    """Canaries on each server of a remote engine, each pinned to its server: healthy while every server's are;
+    `state` sums their checks (a mismatch names its server)."""
+
+    def __init__(self, engine, config: CanaryConfig = CanaryConfig(),
+                 canaries: Sequence[Canary] = DEFAULT_CANARIES) -> None:
+        self.members = [Canaries(engine, config, canaries, server.url) for server in engine.servers]
+
+    @property
+    def healthy(self) -> bool:
+        return all(m.healthy for m in self.members)
+
+    @property
+    def state(self) -> CanaryState:
+        states = [m.state for m in self.members]
+        return CanaryState(sum(s.checks for s in states), sum(s.failed_checks for s in states),
+                           max(s.consecutive for s in states),
+                           [Mismatch(f"{m.server}: {x.canary}", x.diff) for m in self.members for x in m.state.last])
+
+    async def record(self) -> None:
+        await asyncio.gather(*(m.record() for m in self.members))
+
+    async def check(self) -> list[Mismatch]:
+        await asyncio.gather(*(m.check() for m in self.members))
+        return self.state.last
+
+    def poke(self) -> None:
+        for member in self.members:
+            member.poke()
+
+    async def watch(self) -> None:
+        await asyncio.gather(*(m.watch() for m in self.members))
+
+
+def watching(engine, config: CanaryConfig = CanaryConfig()) -> Canaries | CanaryGroup:
+    """The canaries of `engine`: one set, or one per server where it has several (`RemoteEngine`)."""
+    return CanaryGroup(engine, config) if hasattr(engine, "servers") else Canaries(engine, config)
 
 
 def _fmt(values: Sequence[float]) -> str:

@@ -16,8 +16,9 @@ The server refuses what the in-process engine refuses, as HTTP 400 with vLLM's e
 the caller as `InvalidInput` with vLLM's message.
 
 With several servers, every request of one turn goes to the same server, so that the answer reads the
-gate's prefix blocks: the server is chosen by rendezvous hashing on the turn's affinity key (`affinity`,
-which the agent sets to the tenant and thread; else the cache salt), among the servers in service. A
+gate's prefix blocks: the server is chosen by rendezvous hashing on the turn's affinity key
+(`gatehead.runtime.affinity`, which the agent sets to the tenant's thread; else the cache salt), among the
+servers in service (`pinned` sends a block's requests to one server only: the canaries check each). A
 server that refuses a connection is taken out of service and the request is sent once to the next in
 the key's order; one whose response had begun is never repeated (a stream fails with `EngineUnavailable`).
 A server out of service is tried again after `RemoteConfig.retry_after` seconds or a passing `check()`.
@@ -27,14 +28,12 @@ Cancelling a call closes its HTTP request, and vLLM aborts the request when its 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import json
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
-from contextvars import ContextVar
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,11 +41,10 @@ from typing import Any
 from gatehead.errors import InvalidInput
 from gatehead.gate.policy import LABELS, Thresholds, gate_result
 from gatehead.gate.prompt import Passage
+from gatehead.runtime import affinity as routing
 from gatehead.runtime.engine import EngineFront, GateError, GateOutcome, Generation
 from gatehead.runtime.plan import EngineConfig, EnginePlan
 from gatehead.runtime.plugin import GATE_FLAG, SUFFIX_FLAG
-
-_AFFINITY: ContextVar[str | None] = ContextVar("gatehead_affinity", default=None)
 
 
 class EngineUnavailable(RuntimeError):
@@ -191,15 +189,27 @@ class RemoteEngine(EngineFront):
         """True when every server is in service."""
         return all(s.in_service for s in self.servers)
 
-    @staticmethod
-    @contextlib.contextmanager
-    def affinity(key: str) -> Iterator[None]:
-        """Send every request made inside the block (and in tasks it starts) to the server `key` hashes to."""
-        token = _AFFINITY.set(key)
-        try:
-            yield
-        finally:
-            _AFFINITY.reset(token)
+    affinity = staticmethod(routing.affinity)  # the block's requests to the server a key hashes to
+    pinned = staticmethod(routing.pinned)  # the block's requests to one server only
+
+    async def health(self) -> dict[str, bool]:
+        """Every server's `/health` now (vLLM's liveness route): a server that fails it is taken out of service,
+        one that passes is put back. Returns {url: healthy}."""
+        import httpx
+
+        async def one(server: Server) -> bool:
+            try:
+                reply = await self.client.get(f"{server.url}/health", timeout=self.config.connect_timeout)
+                if reply.status_code != 200:
+                    raise EngineUnavailable(f"/health answered {reply.status_code}")
+            except (httpx.HTTPError, EngineUnavailable) as e:
+                server.taken_out(e)
+                return False
+            server.in_service = True
+            return True
+
+        return dict(zip((s.url for s in self.servers), await asyncio.gather(*(one(s) for s in self.servers)),
+                        strict=True))
 
     def order(self, key: str) -> list[Server]:
         """The servers in the order `key` prefers them (rendezvous hashing): the first in service serves it."""
@@ -209,7 +219,13 @@ class RemoteEngine(EngineFront):
         return sorted(self.servers, key=score, reverse=True)
 
     def _candidates(self, cache_salt: str | None) -> list[Server]:
-        key = _AFFINITY.get() or cache_salt or ""
+        pin = routing.pinned_url()
+        if pin is not None:
+            match = [s for s in self.servers if s.url == pin.rstrip("/")]
+            if not match:
+                raise ValueError(f"{pin} is not one of this engine's servers: {[s.url for s in self.servers]}")
+            return match
+        key = routing.affinity_key() or cache_salt or ""
         now = time.monotonic()
         ready = [s for s in self.order(key) if s.in_service or now - s.down_since >= self.config.retry_after]
         if not ready:
@@ -373,6 +389,24 @@ class RemoteEngine(EngineFront):
     async def generate_many(self, prompts: Sequence[str | Sequence[int]], **kwargs: Any) -> list[Generation]:
         return list(await asyncio.gather(*(self.generate(p, **kwargs) for p in prompts)))
 
+    async def greedy_margins(self, prompt: str | Sequence[int], max_tokens: int, ignore_eos: bool = False
+                             ) -> tuple[tuple[int, ...], tuple[float, ...], tuple[float, ...]]:
+        """Greedy tokens of `prompt`, their logprobs, and each one's lead over the runner-up (the canaries' record),
+        from the server's top-2 logprobs of each step."""
+        ids = self._check_generation_prompt(prompt)
+        self.check_length(ids, max_tokens)
+        payload = {"model": self.served_name, "prompt": ids, "max_tokens": max_tokens, "temperature": 0.0,
+                   "ignore_eos": ignore_eos, "logprobs": 2, "return_tokens_as_token_ids": True}
+        _, body = await self._post("/v1/completions", payload, None)
+        logprobs = (body.get("choices") or [{}])[0].get("logprobs") or {}
+        tokens = [int(t.split(":", 1)[1]) for t in logprobs.get("tokens") or []]
+        chosen = tuple(float(v) for v in logprobs.get("token_logprobs") or [])
+        margins = []
+        for token, lp, top in zip(tokens, chosen, logprobs.get("top_logprobs") or [], strict=True):
+            others = [float(v) for key, v in (top or {}).items() if key != f"token_id:{token}"]
+            margins.append(lp - max(others, default=-math.inf))
+        return tuple(tokens), chosen, tuple(margins)
+
     # ----- engine --------------------------------------------------------------------------------
 
     async def warm_up(self) -> None:
@@ -385,6 +419,12 @@ class RemoteEngine(EngineFront):
     async def reset_prefix_cache(self) -> bool:
         """False: a server's prefix cache is its own (vLLM's reset endpoint is a development one)."""
         return False
+
+    def server_stats(self) -> list[dict[str, Any]]:
+        """Per server: its URL, whether it is in service, and this client's counts of requests sent to it,
+        connections refused or broken, and requests retried elsewhere after it failed."""
+        return [{"url": s.url, "in_service": s.in_service, "requests": s.requests, "failures": s.failures,
+                 "retried_elsewhere": s.retried_elsewhere} for s in self.servers]
 
     async def stats(self) -> dict[str, float]:
         """This client's counts, and per server: in service, requests, failures, retries sent elsewhere."""

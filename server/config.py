@@ -17,6 +17,10 @@ class ServerConfig:
     """The engine to start, the store and threads it serves from, and the service's own limits."""
 
     engine: EngineConfig  # needs a gate adapter: the agent and /v1/gate gate on it
+    # `vllm serve` servers started with `gatehead vllm-args` on engine.model and engine.adapter: the service runs on
+    # them (`RemoteEngine`) instead of starting an engine in its process; engine's other fields then go unused.
+    vllm_urls: tuple[str, ...] = ()
+    vllm_api_key: str | None = None  # their --api-key, if they were started with one
     store: StoreConfig = field(default_factory=StoreConfig)
     corpus: tuple[str | Path, ...] = ()  # ingested into the store at start (`gatehead serve`'s default: the demo's)
     threads: str | None = None  # SQLite path or postgres:// URL; default: threads.sqlite next to the store

@@ -18,6 +18,10 @@ _ENGINE = {"running": "requests running in the engine", "waiting": "requests wai
            "prefix_cache_queries": "prompt tokens looked up in the prefix cache",
            "branch_ms_per_step": "mean milliseconds per step spent in the gate branch"}
 
+_SERVER = {"in_service": "1 while the server is in service, 0 once a health check or connection failed",
+           "requests": "requests sent to the server", "failures": "connections to the server refused or broken",
+           "retried_elsewhere": "requests retried on another server after this one failed"}
+
 
 class Metrics:
     def __init__(self) -> None:
@@ -63,6 +67,9 @@ class Metrics:
         self._canary_seen = (0, 0)
         self.engine_gauges = {name: Gauge(f"gatehead_engine_{name}", help_text, registry=registry)
                               for name, help_text in _ENGINE.items()}
+        # Per vLLM server, where the service runs on them (`RemoteEngine.server_stats`).
+        self.server_gauges = {name: Gauge(f"gatehead_vllm_server_{name}", help_text, ["server"], registry=registry)
+                              for name, help_text in _SERVER.items()}
 
     def request(self, route: str, status: int, seconds: float) -> None:
         self.requests.labels(route, str(status)).inc()
@@ -77,6 +84,11 @@ class Metrics:
         for name, gauge in self.engine_gauges.items():
             if name in stats:
                 gauge.set(float(stats[name]))
+
+    def servers(self, stats: list[Mapping]) -> None:
+        for server in stats:
+            for name, gauge in self.server_gauges.items():
+                gauge.labels(server["url"]).set(float(server[name]))
 
     def guard(self, counters) -> None:
         """Bring the guard's counters (`gatehead.runtime.guard.GuardCounters`) up to date."""

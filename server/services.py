@@ -1,7 +1,7 @@
 """What the service holds: the engine, store, threads and agent built once, and the state every request shares.
 
 `Services.start` opens the backends (`open_backends`: the Qdrant store with its corpus, the shared
-engine, the checkpointer), puts generations behind the degenerate-output guard, builds the agent,
+engine, or a `RemoteEngine` on `ServerConfig.vllm_urls`, and the checkpointer), puts generations behind
 runs the engine's warm-up (a generation and a gate) and records the canaries. Until it has, the service
 is not ready. A test passes its own opener to run the service on a scripted engine.
 """
@@ -17,7 +17,7 @@ from typing import Any
 
 from gatehead.agent import Agent
 from gatehead.agent.context import Engine
-from gatehead.runtime.canary import Canaries
+from gatehead.runtime.canary import Canaries, CanaryGroup, watching
 from gatehead.runtime.guard import GuardCounters, GuardedEngine
 from gatehead.server.config import ServerConfig
 from gatehead.server.errors import ApiError
@@ -48,11 +48,33 @@ async def open_backends(config: ServerConfig, stack: contextlib.AsyncExitStack) 
 
     store = await asyncio.to_thread(open_store, config.store, config.corpus, None, log.info)
     stack.callback(store.close)
-    engine = await asyncio.to_thread(SharedEngine, config.engine)
-    stack.push_async_callback(asyncio.to_thread, engine.shutdown)
+    if config.vllm_urls:
+        engine = await remote_engine(config)
+        stack.push_async_callback(engine.aclose)
+    else:
+        engine = await asyncio.to_thread(SharedEngine, config.engine)
+        stack.push_async_callback(asyncio.to_thread, engine.shutdown)
     saver = await stack.enter_async_context(open_checkpointer(config.threads
                                                               or str(default_checkpoint_path(config.store))))
     return Backends(engine, store, saver)
+
+
+async def remote_engine(config: ServerConfig, wait: float = 600.0):
+    """A `RemoteEngine` on `config.vllm_urls`, once one of them answers (`wait` seconds at most: servers started
+    beside this one load their model meanwhile). `Services.start`'s warm-up then checks every server."""
+    from gatehead.runtime.remote import EngineUnavailable, RemoteConfig, RemoteEngine
+
+    remote = RemoteConfig(urls=config.vllm_urls, model=config.engine.model, adapter=config.engine.adapter,
+                          api_key=config.vllm_api_key, max_gate_tokens=config.engine.max_gate_tokens)
+    deadline = asyncio.get_running_loop().time() + wait
+    while True:
+        try:
+            return await asyncio.to_thread(RemoteEngine, remote)
+        except EngineUnavailable as e:
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            log.info("waiting for the vLLM servers: %s", e)
+            await asyncio.sleep(2.0)
 
 
 class Services:
@@ -66,7 +88,7 @@ class Services:
         self.saver: Any = None
         self.agent: Agent | None = None
         self.guard = GuardCounters()
-        self.canaries: Canaries | None = None
+        self.canaries: Canaries | CanaryGroup | None = None
         self.ready = False
         self.draining = False
         self.failed: str | None = None
@@ -92,7 +114,7 @@ class Services:
             self.agent = Agent(self.generator, self.store, config.agent, self.saver)
             await self.engine.warm_up()  # the first forward's and the first gate's one-time costs
             if config.canary.enabled:
-                self.canaries = Canaries(self.engine, config.canary)
+                self.canaries = watching(self.engine, config.canary)
                 await self.canaries.record()
                 self.guard.on_trip = self.canaries.poke
                 watcher = asyncio.create_task(self.canaries.watch())

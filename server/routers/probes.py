@@ -32,6 +32,10 @@ async def readyz(services: ServicesDep) -> JSONResponse:
     try:
         if not services.engine.alive:
             raise RuntimeError("the engine core is dead")
+        servers = getattr(services.engine, "health", None)  # a remote engine: every vLLM server must be healthy
+        down = [url for url, healthy in (await servers()).items() if not healthy] if servers else []
+        if down:
+            return JSONResponse({"status": "unready", "unreachable": "engine", "servers": down}, 503)
         part = "store"
         await asyncio.to_thread(services.store.ping)
         part = "threads"
@@ -49,6 +53,8 @@ async def readyz(services: ServicesDep) -> JSONResponse:
 async def metrics(services: ServicesDep) -> PlainTextResponse:
     if services.ready and services.engine is not None and services.engine.alive:
         services.metrics.engine(await services.engine.stats())
+        if hasattr(services.engine, "server_stats"):
+            services.metrics.servers(services.engine.server_stats())
     services.metrics.guard(services.guard)
     if services.canaries is not None:
         services.metrics.canaries(services.canaries.state)
