@@ -60,21 +60,29 @@ async def open_backends(config: ServerConfig, stack: contextlib.AsyncExitStack) 
 
 
 async def remote_engine(config: ServerConfig, wait: float = 600.0):
-    """A `RemoteEngine` on `config.vllm_urls`, once one of them answers (`wait` seconds at most: servers started
-    beside this one load their model meanwhile). `Services.start`'s warm-up then checks every server."""
+    """A `RemoteEngine` on `config.vllm_urls` once every server passes its check (`RemoteEngine.check`), within
+    `wait` seconds (servers started beside this one load their model meanwhile)."""
     from gatehead.runtime.remote import EngineUnavailable, RemoteConfig, RemoteEngine
 
     remote = RemoteConfig(urls=config.vllm_urls, model=config.engine.model, adapter=config.engine.adapter,
                           api_key=config.vllm_api_key, max_gate_tokens=config.engine.max_gate_tokens)
     deadline = asyncio.get_running_loop().time() + wait
+    engine = None
     while True:
         try:
-            return await asyncio.to_thread(RemoteEngine, remote)
+            engine = engine or await asyncio.to_thread(RemoteEngine, remote)
+            states = await engine.check()
+            if all(states.values()):
+                return engine
+            waiting = "; ".join(f"{s.url} ({s.last_error})" for s in engine.servers if not s.in_service)
         except EngineUnavailable as e:
-            if asyncio.get_running_loop().time() > deadline:
-                raise
-            log.info("waiting for the vLLM servers: %s", e)
-            await asyncio.sleep(2.0)
+            waiting = str(e)
+        if asyncio.get_running_loop().time() > deadline:
+            if engine is not None:
+                await engine.aclose()
+            raise EngineUnavailable(f"the vLLM servers did not all come up in {wait:.0f} s: {waiting}")
+        log.info("waiting for the vLLM servers: %s", waiting)
+        await asyncio.sleep(2.0)
 
 
 class Services:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -251,3 +252,67 @@ def test_a_server_that_refuses_connections_is_taken_out_and_the_request_served_b
 
 async def _collect(stream) -> list:
     return [item async for item in stream]
+
+
+def test_gatehead_serve_on_two_vllm_servers_keeps_a_thread_on_one_and_survives_losing_it(servers, tiny,
+                                                                                          tmp_path) -> None:
+    """`gatehead serve --vllm-url A,B`: the service, the agent and the canaries on two `vllm serve` servers. A
+    thread's turn goes to one server (the per-server counters in /metrics); once that server is killed, /readyz
+    turns 503 naming it and the thread's next turn is served by the other, the thread's history intact. (The
+    last test of the module: the server killed may be the module's.)"""
+    second = VllmServer(engine_config(tiny), tmp_path, "second")
+    service = None
+    try:
+        second.wait()
+        port, key = free_port(), "remote-key"
+        service = subprocess.Popen(
+            [str(Path(sys.executable).parent / "gatehead"), "serve", "--port", str(port), "--api-key", key,
+             "--model", str(tiny.model_dir), "--adapter", str(tiny.adapter_dir), "--max-tokens", "400",
+             "--vllm-url", f"{servers['prompt'].url},{second.url}", "--canary-interval", "0",
+             "--no-guard"],  # the random tiny model writes garbled text, which the guard would stop
+            cwd=tmp_path, stdout=(tmp_path / "serve.log").open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+        client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120,
+                              headers={"Authorization": f"Bearer {key}"})
+        deadline = time.monotonic() + 600
+        while not _ready(client):
+            assert service.poll() is None and time.monotonic() < deadline, (tmp_path / "serve.log").read_text()[-3000:]
+            time.sleep(1)
+
+        def sent() -> dict[str, float]:
+            text = client.get("/metrics").text
+            return {url: float(m.group(1)) for url in (servers["prompt"].url, second.url)
+                    for m in [re.search(rf'^gatehead_vllm_server_requests{{server="{re.escape(url)}"}} (\S+)', text,
+                                        re.M)]}
+
+        before = sent()
+        first = client.post("/v1/agent/chat", json={"message": "How long is the warranty?", "thread_id": "t1"})
+        assert first.status_code == 200, first.text
+        middle = sent()
+        moved = {url: middle[url] - before[url] for url in middle}
+        home = max(moved, key=moved.get)
+        assert sorted(moved.values())[0] == 0 and moved[home] >= 2, moved  # the gate and the answer, on one
+        assert first.json()["answer"]
+        victim = second if home == second.url else servers["prompt"]
+        os.killpg(victim.process.pid, signal.SIGKILL)
+        victim.process.wait(30)
+        ready = client.get("/readyz")
+        assert ready.status_code == 503 and ready.json()["servers"] == [victim.url], ready.text
+        after = client.post("/v1/agent/chat", json={"message": "And its warranty?", "thread_id": "t1"})
+        assert after.status_code == 200 and after.json()["answer"], after.text
+        turns = client.get("/v1/agent/threads/t1").json()["turns"]
+        assert [t["text"] for t in turns[::2]] == ["How long is the warranty?", "And its warranty?"]
+        assert turns[1]["text"] == first.json()["answer"]  # the thread's history, intact
+        survivor = next(url for url in moved if url != victim.url)
+        assert sent()[survivor] > middle[survivor]
+    finally:
+        if service is not None and service.poll() is None:
+            os.killpg(service.pid, signal.SIGTERM)
+            service.wait(60)
+        second.stop()
+
+
+def _ready(client: httpx.Client) -> bool:
+    try:
+        return client.get("/readyz").status_code == 200
+    except httpx.TransportError:
+        return False
