@@ -78,6 +78,12 @@ def agent_context(engine: Engine, store, config: AgentConfig | None = None, cach
     """The run context for `engine` (which needs a gate adapter) and `store` (default settings: `AgentConfig()`)."""
     if engine.prompts is None:
         raise ValueError("the agent needs an engine started with a gate adapter (EngineConfig.adapter)")
+    budget = engine.prompts.answer_tokens
+    for name, value in (("max_answer_tokens", (config or AgentConfig()).max_answer_tokens),
+                        ("the turn's max_answer_tokens", max_answer_tokens)):
+        if value is not None and value > budget:
+            raise ValueError(f"{name} ({value}) exceeds the {budget} tokens the prompt layout keeps for the answer "
+                             f"(PromptConfig.answer_tokens): a prompt that fills its window would overflow it")
     rewriter = PromptBuilder(engine.tokenizer, engine.adapter.spec.suffix,
                              PromptConfig(max_context=engine.prompts.max_context, system=REWRITE_SYSTEM))
     return AgentContext(engine, store, config or AgentConfig(), rewriter, cache_salt, max_answer_tokens)

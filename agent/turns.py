@@ -53,8 +53,9 @@ class Agent:
         """
         if not isinstance(question, str) or not question.strip():
             raise InvalidInput("the question is empty")
-        if max_answer_tokens is not None and max_answer_tokens < 1:
-            raise InvalidInput(f"max_answer_tokens must be >= 1, got {max_answer_tokens}")
+        if max_answer_tokens is not None and not 1 <= max_answer_tokens <= self.engine.prompts.answer_tokens:
+            raise InvalidInput(f"max_answer_tokens must be in [1, {self.engine.prompts.answer_tokens}] (the answer's "
+                               f"room in the prompt layout), got {max_answer_tokens}")
         thread_id = thread_id or uuid.uuid4().hex
         context = self._context(cache_salt, max_answer_tokens)
         pending = await self.graph.aget_state(self._config(thread_id))

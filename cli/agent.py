@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from gatehead.cli.common import add_agent_arguments, agent_store, start_engine
+from gatehead.cli.common import add_agent_arguments, agent_store, agent_thresholds, start_engine
 from gatehead.demo import DEMO_QUESTIONS
 
 
@@ -19,7 +19,7 @@ def _run_agent(args: argparse.Namespace, body) -> int:
     from gatehead.retrieval.ingest import open_store
 
     config = AgentConfig(top_k=args.top_k, max_searches=args.max_searches, max_answer_tokens=args.max_tokens,
-                         answer_beside_gate=args.answer_beside_gate)
+                         answer_beside_gate=args.answer_beside_gate, thresholds=agent_thresholds(args))
     where, corpus = agent_store(args)
     store = open_store(where, corpus, log=lambda m: print(m, file=sys.stderr))
     threads = args.threads or str(default_checkpoint_path(where))

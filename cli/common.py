@@ -51,6 +51,22 @@ def vllm_urls(args: argparse.Namespace) -> tuple[str, ...]:
     return tuple(u.strip() for u in (getattr(args, "vllm_url", None) or "").split(",") if u.strip())
 
 
+def agent_thresholds(args: argparse.Namespace):
+    """The agent's gate thresholds: `--t-answer`/`--t-refuse` over the adapter's calibrated ones; None where
+    neither is given (the agent then takes the adapter's)."""
+    import json
+
+    from gatehead.gate.adapter import GATE_JSON
+    from gatehead.gate.policy import Thresholds
+
+    given = {k: v for k, v in (("answer", args.t_answer), ("refuse", args.t_refuse)) if v is not None}
+    if not given:
+        return None
+    adapter = Path(args.adapter or model_locations()["adapter"])
+    calibrated = json.loads((adapter / GATE_JSON).read_text())["thresholds"]
+    return Thresholds.from_dict({**calibrated, **given})
+
+
 def start_engine(args: argparse.Namespace, gate: bool = True):
     """A shared engine on the chosen (or default) model and adapter, eager, with a small KV pool; or, with
     `--vllm-url`, a `RemoteEngine` on those servers."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from gatehead.cli.common import agent_store, base_model_name, chosen_model, model_locations, vllm_urls
+from gatehead.cli.common import agent_store, agent_thresholds, base_model_name, chosen_model, model_locations, vllm_urls
 from gatehead.cli.settings import SERVE, add_settings, apply_environment
 from gatehead.runtime.canary import CanaryConfig
 from gatehead.runtime.guard import GuardConfig
@@ -54,7 +54,7 @@ def _serve(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body, max_inflight=args.max_inflight, request_timeout=args.timeout,
         drain_seconds=args.drain_seconds,
         agent=AgentConfig(top_k=args.top_k, max_searches=args.max_searches, max_answer_tokens=args.max_tokens,
-                          answer_beside_gate=args.answer_beside_gate),
+                          answer_beside_gate=args.answer_beside_gate, thresholds=agent_thresholds(args)),
         guard=GuardConfig(window=args.guard_window, improbable_logprob=args.guard_improbable_logprob,
                           improbable_run=args.guard_improbable_run, enabled=not args.no_guard),
         canary=CanaryConfig(interval=args.canary_interval, unready_after=args.canary_unready_after,

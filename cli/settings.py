@@ -117,6 +117,10 @@ AGENT = (
     Setting("--max-tokens", "answer length limit", type=int, default=AgentConfig.max_answer_tokens),
     Setting("--answer-beside-gate", "submit each answer beside its gate and hold it until the gate says answer "
             "(aborted otherwise)", type=None),
+    Setting("--t-answer", "the gate's answer threshold for the agent (default: the adapter's calibrated one)",
+            type=float),
+    Setting("--t-refuse", "the gate's refuse threshold for the agent (default: the adapter's calibrated one)",
+            type=float),
 )
 
 SERVE = (

@@ -257,9 +257,10 @@ async def _collect(stream) -> list:
 def test_gatehead_serve_on_two_vllm_servers_keeps_a_thread_on_one_and_survives_losing_it(servers, tiny,
                                                                                           tmp_path) -> None:
     """`gatehead serve --vllm-url A,B`: the service, the agent and the canaries on two `vllm serve` servers. A
-    thread's turn goes to one server (the per-server counters in /metrics); once that server is killed, /readyz
-    turns 503 naming it and the thread's next turn is served by the other, the thread's history intact. (The
-    last test of the module: the server killed may be the module's.)"""
+    thread's turn goes to one server (the per-server counters in /metrics); killed while the thread's next turn
+    streams its answer, that server gives the turn one error event, /readyz turns 503 naming it, and the
+    thread's next turn is served by the other, the thread's history intact. (The last test of the module: the
+    server killed may be the module's.)"""
     second = VllmServer(engine_config(tiny), tmp_path, "second")
     service = None
     try:
@@ -267,9 +268,11 @@ def test_gatehead_serve_on_two_vllm_servers_keeps_a_thread_on_one_and_survives_l
         port, key = free_port(), "remote-key"
         service = subprocess.Popen(
             [str(Path(sys.executable).parent / "gatehead"), "serve", "--port", str(port), "--api-key", key,
-             "--model", str(tiny.model_dir), "--adapter", str(tiny.adapter_dir), "--max-tokens", "400",
+             "--model", str(tiny.model_dir), "--adapter", str(tiny.adapter_dir), "--max-tokens", "256",
              "--vllm-url", f"{servers['prompt'].url},{second.url}", "--canary-interval", "0",
-             "--no-guard"],  # the random tiny model writes garbled text, which the guard would stop
+             # The random tiny model writes garbled text, which the guard would stop; its random gate answers
+             # everything at --t-answer 0 (the turns' routes are the agent tests'; here the servers are tested).
+             "--no-guard", "--t-answer", "0"],
             cwd=tmp_path, stdout=(tmp_path / "serve.log").open("w"), stderr=subprocess.STDOUT, start_new_session=True)
         client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120,
                               headers={"Authorization": f"Bearer {key}"})
@@ -293,15 +296,27 @@ def test_gatehead_serve_on_two_vllm_servers_keeps_a_thread_on_one_and_survives_l
         assert sorted(moved.values())[0] == 0 and moved[home] >= 2, moved  # the gate and the answer, on one
         assert first.json()["answer"]
         victim = second if home == second.url else servers["prompt"]
-        os.killpg(victim.process.pid, signal.SIGKILL)
-        victim.process.wait(30)
+        # The thread's next turn, streamed: its server killed at the answer's first token.
+        events = []
+        with client.stream("POST", "/v1/agent/chat", json={"message": "And what does it weigh?", "thread_id": "t1",
+                                                           "stream": True}) as streaming:
+            for line in streaming.iter_lines():
+                events.append(line)
+                if line == "event: token" and victim.process.poll() is None:
+                    os.killpg(victim.process.pid, signal.SIGKILL)
+                    victim.process.wait(30)
+        assert victim.process.poll() is not None, f"no answer token came: {events[-6:]}"
+        assert events.count("event: error") == 1 and "event: final" not in events, events[-6:]
         ready = client.get("/readyz")
         assert ready.status_code == 503 and ready.json()["servers"] == [victim.url], ready.text
+        # The thread's next turn on the other server: the interrupted turn is finished from its checkpoint
+        # first (its answer generated there), then the new one; the thread's history intact.
         after = client.post("/v1/agent/chat", json={"message": "And its warranty?", "thread_id": "t1"})
         assert after.status_code == 200 and after.json()["answer"], after.text
         turns = client.get("/v1/agent/threads/t1").json()["turns"]
-        assert [t["text"] for t in turns[::2]] == ["How long is the warranty?", "And its warranty?"]
-        assert turns[1]["text"] == first.json()["answer"]  # the thread's history, intact
+        assert [t["text"] for t in turns[::2]] == ["How long is the warranty?", "And what does it weigh?",
+                                                   "And its warranty?"]
+        assert turns[1]["text"] == first.json()["answer"]
         survivor = next(url for url in moved if url != victim.url)
         assert sent()[survivor] > middle[survivor]
     finally:

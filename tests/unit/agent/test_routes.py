@@ -92,8 +92,13 @@ def test_the_turns_answer_budget_and_errors(engine) -> None:
     assert e.calls[-1] == ("stream", {"max_tokens": 7, "cache_salt": None, "priority": POST_GATE_PRIORITY})
     with pytest.raises(InvalidInput, match="the question is empty"):
         ask(Agent(engine(), Store()), "  ")
-    with pytest.raises(InvalidInput, match="max_answer_tokens must be >= 1"):
+    with pytest.raises(InvalidInput, match=r"max_answer_tokens must be in \[1, 256\]"):
         ask(Agent(engine(), Store()), "How long?", max_answer_tokens=0)
+    # More than the prompt layout keeps for the answer would overflow a prompt that fills its window.
+    with pytest.raises(InvalidInput, match=r"max_answer_tokens must be in \[1, 256\]"):
+        ask(Agent(engine(), Store()), "How long?", max_answer_tokens=257)
+    with pytest.raises(ValueError, match=r"max_answer_tokens \(400\) exceeds the 256 tokens"):
+        Agent(engine(), Store(), AgentConfig(max_answer_tokens=400))
 
 
 def test_an_engine_without_a_gate_adapter_is_refused(engine) -> None:
