@@ -254,6 +254,49 @@ async def _collect(stream) -> list:
     return [item async for item in stream]
 
 
+def test_the_agents_routes_run_through_remote_engine(servers, tiny, embedder, write_corpus, loop) -> None:
+    """The agent over `RemoteEngine` on a real `vllm serve`: answer (its answer reading the gate's prefix blocks),
+    follow-up, search and rewrite until not found, refusal, and a question asked back. The random tiny gate is
+    steered by thresholds: which route a question takes is the demo model's tests' (tests/integration/agent)."""
+    from langgraph.checkpoint.memory import InMemorySaver
+
+    from gatehead.agent import Agent, AgentConfig
+    from gatehead.gate.policy import Thresholds
+    from gatehead.retrieval.config import StoreConfig
+    from gatehead.retrieval.ingest import open_store
+
+    corpus = write_corpus({"vale.md": "# Vale Lantern\n\nThe Vale Lantern has a two-year warranty and weighs 300 g.",
+                           "router.md": "# Router\n\nRouters are reset by holding the button for ten seconds."})
+    store = open_store(StoreConfig(path=corpus.parent / "qdrant", collection="remote"), (corpus,), embedder,
+                       log=lambda _: None)
+    engine, saver = remote(servers["prompt"], tiny), InMemorySaver()
+
+    def ask(answer: float, refuse: float, question: str, thread: str):
+        agent = Agent(engine, store, AgentConfig(thresholds=Thresholds(answer, refuse), max_searches=1,
+                                                 max_answer_tokens=16), saver)
+        return loop.run(agent.ask(question, thread, cache_salt="tenant-routes"))
+
+    try:
+        answered = ask(0.0, 1.0, "How long is the Vale Lantern's warranty?", "r1")
+        nodes = [t["node"] for t in answered.timings]
+        assert answered.decision == "answer" and nodes == ["retrieve", "gate", "generate", "finish"], nodes
+        usage = answered.usage["nodes"]
+        assert usage["generate"]["cached_tokens"] >= 32 and usage["generate"]["completion_tokens"] >= 1
+        follow = ask(0.0, 1.0, "And what does it weigh?", "r1")
+        assert [t["node"] for t in follow.timings][:2] == ["contextualize", "retrieve"]
+        assert follow.decision == "answer" and follow.usage["nodes"]["contextualize"]["prompt_tokens"] > 0
+        searched = ask(1.0, 1.0, "Where is the reset button?", "r2")
+        assert searched.decision == "not_found" and [g["decision"] for g in searched.gates] == ["search", "search"]
+        assert len(searched.queries) == 2 and "rewrite" in [t["node"] for t in searched.timings]
+        refused = ask(1.0, 0.0, "Who painted the Mona Lisa?", "r3")
+        assert (refused.decision, refused.refusal_reason) == ("refuse", "gate") and not refused.generated
+        asked_back = ask(0.0, 1.0, "And its weight?", "r4")
+        assert asked_back.decision == "clarify" and not asked_back.gates
+    finally:
+        store.close()
+        loop.run(engine.aclose())
+
+
 def test_gatehead_serve_on_two_vllm_servers_keeps_a_thread_on_one_and_survives_losing_it(servers, tiny,
                                                                                           tmp_path) -> None:
     """`gatehead serve --vllm-url A,B`: the service, the agent and the canaries on two `vllm serve` servers. A
@@ -331,3 +374,4 @@ def _ready(client: httpx.Client) -> bool:
         return client.get("/readyz").status_code == 200
     except httpx.TransportError:
         return False
+
