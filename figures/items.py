@@ -144,6 +144,10 @@ ITEMS: tuple[Item, ...] = (
     Item("fidelity-avx2", "the same as an AVX2 CPU without AVX-512 computes (GATEHEAD_TEST_CPU_ISA=avx2): "
          "dtype auto runs fp32 there, and the fp32 rules are judged", 25, _pytest(*FIDELITY_TESTS), "file", DEMO,
          env={**SUITE_LAYOUT, **FIGURES_ENV, "GATEHEAD_TEST_CPU_ISA": "avx2"}, ok_codes=(0, 1)),
+    Item("vllm-serve-demo", "the demo's two gates through a stock `vllm serve` against the in-process engine, the "
+         "answer reading the gate's blocks over HTTP, and generation against stock `vllm serve`", 8,
+         _pytest("tests/integration/runtime/test_vllm_serve.py", "-k", "equal or prefix_blocks"), "file", DEMO_BOTH,
+         env={**SUITE_LAYOUT, **FIGURES_ENV, "GATEHEAD_VLLM_SERVE_MODEL": "demo"}, ok_codes=(0, 1)),
     Item("soak", "the comparing soak: a real server under mixed load and faults for 600 s, then each request alone",
          13, _pytest("tests/integration/server/test_soak.py"), "file", DEMO,
          env={**SUITE_LAYOUT, **FIGURES_ENV, "GATEHEAD_SOAK_SECONDS": "600"}, ok_codes=(0, 1)),

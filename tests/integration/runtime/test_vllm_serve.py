@@ -1,6 +1,8 @@
 """The gate in a stock `vllm serve`: vLLM's own OpenAI server, started with `gatehead vllm-args`' flags, serves
 generation and the gate (both modes) through its stock API, refuses what the in-process engine refuses as
-HTTP 400s, and `RemoteEngine` reaches it. Real server processes on the tiny model."""
+HTTP 400s, and `RemoteEngine` reaches it. Real server processes on the tiny model; on the demo model and its two
+gates with `GATEHEAD_VLLM_SERVE_MODEL=demo` (`gatehead figures --only vllm-serve-demo` runs the equality and
+prefix-cache tests so)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -21,6 +24,7 @@ import pytest
 
 from gatehead.errors import InvalidInput
 from gatehead.evals.workload import synthetic_prompts, synthetic_requests
+from gatehead.gate.adapter import GateAdapter
 from gatehead.gate.prompt import Passage
 from gatehead.runtime.dtype import resolve_dtype
 from gatehead.runtime.engine import EngineConfig, SharedEngine
@@ -34,10 +38,57 @@ GATES = 12
 HOST_DTYPE = resolve_dtype("auto")
 
 
-def engine_config(tiny: TinyModel, gate: bool = True) -> EngineConfig:
-    """The runtime tests' engine shape (tests/integration/runtime/conftest.py)."""
-    return EngineConfig(model=tiny.model_dir, adapter=tiny.adapter_dir if gate else None,
-                        kv_cache_memory_bytes=128 << 20, enforce_eager=True, block_size=32, max_model_len=1024)
+DEMO = os.environ.get("GATEHEAD_VLLM_SERVE_MODEL", "tiny") == "demo"
+
+
+@dataclass(frozen=True)
+class DemoGate:
+    """The demo model with one of its gates, as the tests read a `TinyModel`."""
+
+    model_dir: Path
+    adapter_dir: Path
+    adapter: GateAdapter
+
+
+Kit = TinyModel | DemoGate
+
+
+def engine_config(kit: Kit, gate: bool = True) -> EngineConfig:
+    """The runtime tests' engine shape (tests/integration/runtime/conftest.py); the demo engines' (2k context)."""
+    return EngineConfig(model=kit.model_dir, adapter=kit.adapter_dir if gate else None,
+                        kv_cache_memory_bytes=(512 if DEMO else 128) << 20, enforce_eager=True, block_size=32,
+                        max_model_len=2048 if DEMO else 1024)
+
+
+def demo_gate(which: int) -> DemoGate:
+    from gatehead.gate.adapter import load_gate_adapter
+    from gatehead.testing import demo_kit
+
+    model, *adapters = demo_kit()
+    return DemoGate(model, adapters[which], load_gate_adapter(adapters[which], model))
+
+
+@pytest.fixture(scope="module")
+def kit(request) -> Kit:
+    """The prompt-mode gate the servers serve: `tiny`'s, or the demo's."""
+    return demo_gate(0) if DEMO else request.getfixturevalue("tiny")
+
+
+@pytest.fixture(scope="module")
+def kit_suffix(request) -> Kit:
+    """The suffix-mode gate on the same base: `tiny_suffix`'s, or the demo's."""
+    return demo_gate(1) if DEMO else request.getfixturevalue("tiny_suffix")
+
+
+@pytest.fixture(scope="module")
+def prompt_inprocess(request, kit) -> Iterator[SharedEngine]:
+    """The in-process engine on the prompt-mode gate: the runtime tests' `shared_eager`, or a demo one."""
+    if not DEMO:
+        yield request.getfixturevalue("shared_eager")
+        return
+    engine = SharedEngine(engine_config(kit))
+    yield engine
+    engine.shutdown()
 
 
 def free_port() -> int:
@@ -93,13 +144,13 @@ class VllmServer:
 
 
 @pytest.fixture(scope="module")
-def servers(tiny: TinyModel, tiny_suffix: TinyModel, tmp_path_factory) -> Iterator[dict[str, VllmServer]]:
-    """Three servers started together: the gate in prompt mode (`tiny`), in suffix mode (`tiny_suffix`), and
+def servers(kit: Kit, kit_suffix: Kit, tmp_path_factory) -> Iterator[dict[str, VllmServer]]:
+    """Three servers started together: the gate in prompt mode (`kit`), in suffix mode (`kit_suffix`), and
     stock vLLM on the same base with plugins off."""
     workdir = tmp_path_factory.mktemp("vllm-serve")
-    made = {"prompt": VllmServer(engine_config(tiny), workdir, "prompt"),
-            "suffix": VllmServer(engine_config(tiny_suffix), workdir, "suffix"),
-            "stock": VllmServer(engine_config(tiny, gate=False), workdir, "stock", stock=True)}
+    made = {"prompt": VllmServer(engine_config(kit), workdir, "prompt"),
+            "suffix": VllmServer(engine_config(kit_suffix), workdir, "suffix"),
+            "stock": VllmServer(engine_config(kit, gate=False), workdir, "stock", stock=True)}
     try:
         for server in made.values():
             server.wait()
@@ -109,8 +160,8 @@ def servers(tiny: TinyModel, tiny_suffix: TinyModel, tmp_path_factory) -> Iterat
             server.stop()
 
 
-def remote(server: VllmServer, tiny: TinyModel) -> RemoteEngine:
-    return RemoteEngine(RemoteConfig(urls=(server.url,), model=tiny.model_dir, adapter=tiny.adapter_dir))
+def remote(server: VllmServer, kit: Kit) -> RemoteEngine:
+    return RemoteEngine(RemoteConfig(urls=(server.url,), model=kit.model_dir, adapter=kit.adapter_dir))
 
 
 def probs(outcomes) -> np.ndarray:
@@ -122,19 +173,19 @@ def gate_prompts(engine) -> list[tuple[int, ...]]:
 
 
 @pytest.fixture(scope="module")
-def suffix_inprocess(tiny_suffix: TinyModel) -> Iterator[SharedEngine]:
-    engine = SharedEngine(engine_config(tiny_suffix))
+def suffix_inprocess(kit_suffix: Kit) -> Iterator[SharedEngine]:
+    engine = SharedEngine(engine_config(kit_suffix))
     yield engine
     engine.shutdown()
 
 
 @pytest.mark.parametrize("mode", ["prompt", "suffix"])
-def test_gates_through_vllms_api_equal_the_in_process_engines(mode, servers, shared_eager, suffix_inprocess, tiny,
-                                                              tiny_suffix, loop, record_figure) -> None:
+def test_gates_through_vllms_api_equal_the_in_process_engines(mode, servers, prompt_inprocess, suffix_inprocess, kit,
+                                                              kit_suffix, loop, record_figure) -> None:
     """The same gate prompts, one at a time, through the server's `/v1/completions` and through the in-process
     engine on the same model, adapter and dtype: the same decisions, the same probabilities (one request per
     step in both, so the same batches: only the process layout differs)."""
-    inprocess, model = (shared_eager, tiny) if mode == "prompt" else (suffix_inprocess, tiny_suffix)
+    inprocess, model = (prompt_inprocess, kit) if mode == "prompt" else (suffix_inprocess, kit_suffix)
     engine = remote(servers[mode], model)
     prompts = gate_prompts(inprocess)
     assert prompts == gate_prompts(engine)  # laid out alike from the files read locally
@@ -152,10 +203,10 @@ def test_gates_through_vllms_api_equal_the_in_process_engines(mode, servers, sha
     assert dp <= (1e-6 if HOST_DTYPE == "float32" else 1e-3), dp
 
 
-def test_the_answer_reads_the_gates_prefix_blocks_over_http(servers, tiny, tiny_suffix, loop) -> None:
+def test_the_answer_reads_the_gates_prefix_blocks_over_http(servers, kit, kit_suffix, loop) -> None:
     """vLLM's usage reports the prompt tokens read from the prefix cache (`--enable-prompt-tokens-details`):
     the answer after a gate reads the gate's blocks, and a suffix-mode gate reads a cached conversation."""
-    for mode, model in (("prompt", tiny), ("suffix", tiny_suffix)):
+    for mode, model in (("prompt", kit), ("suffix", kit_suffix)):
         engine = remote(servers[mode], model)
         prompt = engine.prompts.build("How long is the Vale Lantern's warranty?", DOCS)
         salt = f"tenant-{mode}"  # no other test's blocks: each salt has a prefix cache of its own
@@ -164,7 +215,7 @@ def test_the_answer_reads_the_gates_prefix_blocks_over_http(servers, tiny, tiny_
         assert gated.num_cached_tokens == 0 and answer.num_cached_tokens >= 32, (mode, answer.num_cached_tokens)
         again = loop.run(engine.gate_prompt(prompt.gate, cache_salt=salt))
         if mode == "suffix":  # whole blocks before the suffix
-            assert again.num_cached_tokens == (len(prompt.gate) - 3) // 32 * 32 > 0
+            assert again.num_cached_tokens == (len(prompt.gate) - len(engine.suffix_ids)) // 32 * 32 > 0
         else:  # a prompt-mode gate computes every row
             assert again.num_cached_tokens == 0
 
@@ -185,11 +236,11 @@ def test_generation_through_the_plugin_equals_stock_vllm_serve(servers) -> None:
 @pytest.mark.parametrize("case", ["n", "max_tokens", "prompt_logprobs", "structured", "no_suffix", "reserved_inside",
                                   "reserved_in_generation", "chat_with_suffix", "suffix_without_length",
                                   "lone_surrogate"])
-def test_what_the_in_process_engine_refuses_is_a_400_from_vllm(case, servers, shared_eager, tiny) -> None:
+def test_what_the_in_process_engine_refuses_is_a_400_from_vllm(case, servers, prompt_inprocess, kit) -> None:
     """Every refusal through the stock API is vLLM's 400 with its error body: never a gate, never a 500."""
-    gate = list(shared_eager.prompts.build("How long is the warranty?", DOCS).gate)
-    suffix = tiny.adapter.spec.suffix
-    reserved = shared_eager.action_ids[0]
+    gate = list(prompt_inprocess.prompts.build("How long is the warranty?", DOCS).gate)
+    suffix = kit.adapter.spec.suffix
+    reserved = prompt_inprocess.action_ids[0]
     server, path = servers["prompt"], "/v1/completions"
     body = {"prompt": gate, "max_tokens": 1, "temperature": 0, "vllm_xargs": {"gatehead": "gate"}}
     body.update({
@@ -214,25 +265,25 @@ def test_what_the_in_process_engine_refuses_is_a_400_from_vllm(case, servers, sh
     assert httpx.get(f"{server.url}/health").status_code == 200
 
 
-def test_remote_engine_refuses_a_server_serving_another_adapter(servers, tiny, tiny_suffix, loop) -> None:
+def test_remote_engine_refuses_a_server_serving_another_adapter(servers, kit, kit_suffix, loop) -> None:
     """The prompt-mode server checked by a client holding the suffix-mode adapter: out of service, named."""
-    wrong = RemoteEngine(RemoteConfig(urls=(servers["prompt"].url,), model=tiny_suffix.model_dir,
-                                      adapter=tiny_suffix.adapter_dir))
+    wrong = RemoteEngine(RemoteConfig(urls=(servers["prompt"].url,), model=kit_suffix.model_dir,
+                                      adapter=kit_suffix.adapter_dir))
     assert loop.run(wrong.check()) == {servers["prompt"].url: False}
     assert "not " in wrong.servers[0].last_error and wrong.served_name in wrong.servers[0].last_error
-    right = remote(servers["prompt"], tiny)
+    right = remote(servers["prompt"], kit)
     assert loop.run(right.check()) == {servers["prompt"].url: True}
     with pytest.raises(InvalidInput, match="invocation suffix"):
         loop.run(right.gate_prompt([5, 6, 7]))
 
 
-def test_a_server_that_refuses_connections_is_taken_out_and_the_request_served_by_the_next(servers, tiny,
+def test_a_server_that_refuses_connections_is_taken_out_and_the_request_served_by_the_next(servers, kit,
                                                                                           loop) -> None:
     """Two servers, one of them down: a turn whose key prefers the dead one is sent once to the live one, the dead
     one leaves service, and every later turn goes straight to the live one."""
     dead = f"http://127.0.0.1:{free_port()}"
-    engine = RemoteEngine(RemoteConfig(urls=(dead, servers["prompt"].url), model=tiny.model_dir,
-                                       adapter=tiny.adapter_dir, retry_after=600))
+    engine = RemoteEngine(RemoteConfig(urls=(dead, servers["prompt"].url), model=kit.model_dir,
+                                       adapter=kit.adapter_dir, retry_after=600))
     key = next(k for k in (f"tenant/thread-{i}" for i in range(100)) if engine.order(k)[0].url == dead)
     prompt = engine.prompts.build("How long is the warranty?", DOCS)
     with engine.affinity(key):
@@ -254,7 +305,7 @@ async def _collect(stream) -> list:
     return [item async for item in stream]
 
 
-def test_the_agents_routes_run_through_remote_engine(servers, tiny, embedder, write_corpus, loop) -> None:
+def test_the_agents_routes_run_through_remote_engine(servers, kit, embedder, write_corpus, loop) -> None:
     """The agent over `RemoteEngine` on a real `vllm serve`: answer (its answer reading the gate's prefix blocks),
     follow-up, search and rewrite until not found, refusal, and a question asked back. The random tiny gate is
     steered by thresholds: which route a question takes is the demo model's tests' (tests/integration/agent)."""
@@ -269,7 +320,7 @@ def test_the_agents_routes_run_through_remote_engine(servers, tiny, embedder, wr
                            "router.md": "# Router\n\nRouters are reset by holding the button for ten seconds."})
     store = open_store(StoreConfig(path=corpus.parent / "qdrant", collection="remote"), (corpus,), embedder,
                        log=lambda _: None)
-    engine, saver = remote(servers["prompt"], tiny), InMemorySaver()
+    engine, saver = remote(servers["prompt"], kit), InMemorySaver()
 
     def ask(answer: float, refuse: float, question: str, thread: str):
         agent = Agent(engine, store, AgentConfig(thresholds=Thresholds(answer, refuse), max_searches=1,
@@ -297,21 +348,21 @@ def test_the_agents_routes_run_through_remote_engine(servers, tiny, embedder, wr
         loop.run(engine.aclose())
 
 
-def test_gatehead_serve_on_two_vllm_servers_keeps_a_thread_on_one_and_survives_losing_it(servers, tiny,
+def test_gatehead_serve_on_two_vllm_servers_keeps_a_thread_on_one_and_survives_losing_it(servers, kit,
                                                                                           tmp_path) -> None:
     """`gatehead serve --vllm-url A,B`: the service, the agent and the canaries on two `vllm serve` servers. A
     thread's turn goes to one server (the per-server counters in /metrics); killed while the thread's next turn
     streams its answer, that server gives the turn one error event, /readyz turns 503 naming it, and the
     thread's next turn is served by the other, the thread's history intact. (The last test of the module: the
     server killed may be the module's.)"""
-    second = VllmServer(engine_config(tiny), tmp_path, "second")
+    second = VllmServer(engine_config(kit), tmp_path, "second")
     service = None
     try:
         second.wait()
         port, key = free_port(), "remote-key"
         service = subprocess.Popen(
             [str(Path(sys.executable).parent / "gatehead"), "serve", "--port", str(port), "--api-key", key,
-             "--model", str(tiny.model_dir), "--adapter", str(tiny.adapter_dir), "--max-tokens", "256",
+             "--model", str(kit.model_dir), "--adapter", str(kit.adapter_dir), "--max-tokens", "256",
              "--vllm-url", f"{servers['prompt'].url},{second.url}", "--canary-interval", "0",
              # The random tiny model writes garbled text, which the guard would stop; its random gate answers
              # everything at --t-answer 0 (the turns' routes are the agent tests'; here the servers are tested).
