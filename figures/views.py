@@ -347,4 +347,5 @@ VIEWS = {"bench": _bench_view, "bench-threads": _threads_view, "demo-sets": _dem
          "gpu-branch": _gpu_branch_view, "gate-modes": _gate_modes_view, "evals": _evals_view,
          "threads-eval": _threads_eval_view, "agent-ttft": _ttft_view, "suffix-latency": _suffix_latency_view,
          "guard-rates": _guard_view, "demo-turns": _demo_turns_view, "tests-tiny": lambda e: _tests_view(e, "tiny/"),
-         "tests-demo": lambda e: _tests_view(e, "demo/"), "soak": _soak_view}
+         "tests-demo": lambda e: _tests_view(e, "demo/"), "soak": _soak_view,
+         "tests-vllm-serve": lambda e: _tests_view(e, "vllm-serve/")}
