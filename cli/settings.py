@@ -100,12 +100,12 @@ MODEL = (
     Setting("--max-model-len", "context window (default: the model's)", type=int),
     Setting("--dtype", "auto (bf16 where the CPU or GPU computes it, fp32 where bf16 would be emulated), "
             "bfloat16 or float32", type=dtype, default="auto", metavar="auto|bfloat16|float32"),
-    Setting("--vllm-url", "run on these `vllm serve` servers (started with `gatehead vllm-args` on the same --model "
-            "and --adapter; their --api-key from VLLM_API_KEY) instead of an engine in this process: a turn's "
-            "requests go to one server, chosen by its thread", metavar="URL[,URL...]"),
 )
 
 AGENT = (
+    Setting("--vllm-url", "run on these `vllm serve` servers (started with `gatehead vllm-args` on the same --model "
+            "and --adapter; their --api-key from VLLM_API_KEY) instead of an engine in this process: a turn's "
+            "requests go to one server, chosen by its thread", metavar="URL[,URL...]"),
     Setting("--store", "embedded Qdrant storage (default: the demo index in .cache/qdrant, built on first use)",
             metavar="DIR", exclusive="store"),
     Setting("--url", "a Qdrant server instead (API key from QDRANT_API_KEY)", exclusive="store"),

@@ -78,6 +78,15 @@ def test_images_run_gatehead_serve_configured_by_variables_it_reads() -> None:
     assert set(services["balancer"]["depends_on"]) == set(replicas)
     ingest = services["ingest"]
     build_parser().parse_args([ingest["entrypoint"][1], *ingest["command"]])  # flags `gatehead ingest` takes
+    # The `vllm` profile: `gatehead serve-vllm` in the image, and gatehead on it through --vllm-url.
+    vllm, agent = services["vllm"], services["agent-on-vllm"]
+    assert vllm["profiles"] == agent["profiles"] == ["vllm"] and vllm["image"] == agent["image"] == "gatehead:cpu"
+    served = build_parser().parse_args([vllm["entrypoint"][1], *vllm["command"]])
+    assert "/health" in " ".join(vllm["healthcheck"]["test"]) and str(served.port) in " ".join(
+        vllm["healthcheck"]["test"])
+    assert set(agent["environment"]) <= known and agent["environment"]["GATEHEAD_VLLM_URL"] == \
+        f"http://vllm:{served.port}"
+    assert agent["depends_on"]["vllm"]["condition"] == "service_healthy"
 
 
 @pytest.mark.parametrize("part", ["gatehead/demo/generator/adapter_config.json",
