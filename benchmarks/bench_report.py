@@ -9,18 +9,20 @@ from typing import Any
 
 SETUP_NAMES = {"a_prompt": "(a) shared, prompt-mode gate", "a_suffix": "(a') shared, suffix-mode gate",
                "a_overlap": "(a'-overlap) (a'), answer beside the gate",
+               "a_remote": "(a'-remote) (a') in `vllm serve`, over HTTP",
                "a_suffix_prio": "(a'-prio) (a'), vLLM's priority scheduler: the answer before new turns",
                "a_overlap_prio": "(a'-overlap-prio) (a'-overlap), vLLM's priority scheduler",
                "b_split": "(b) stock + dedicated gate, cores split",
                "b_shared": "(b) stock + dedicated gate, cores shared",
                "b_two_engines": "(b) stock + dedicated gate", "c_ungated": "(c) plugin loaded, no gate",
                "c0_stock": "(c0) stock vLLM, no gate", "d_judge": "(d) prompted judge"}
-SHORT_NAMES = {"a_prompt": "(a)", "a_suffix": "(a')", "a_overlap": "(a'-overlap)", "a_suffix_prio": "(a'-prio)",
+SHORT_NAMES = {"a_prompt": "(a)", "a_suffix": "(a')", "a_overlap": "(a'-overlap)", "a_remote": "(a'-remote)",
+               "a_suffix_prio": "(a'-prio)",
                "a_overlap_prio": "(a'-overlap-prio)", "b_split": "(b) split",
                "b_shared": "(b) shared", "b_two_engines": "(b)", "c_ungated": "(c)", "c0_stock": "(c0)",
                "d_judge": "(d)"}
 WORKLOADS = ("single", "multi", "refuse", "prefix", "memory")
-GATED = ("a_prompt", "a_suffix", "a_overlap", "a_suffix_prio", "a_overlap_prio")
+GATED = ("a_prompt", "a_suffix", "a_overlap", "a_suffix_prio", "a_overlap_prio", "a_remote")
 # Run only when asked for (`--setups`): the post-gate work first, where vLLM schedules by priority.
 PRIORITY = ("a_suffix_prio", "a_overlap_prio")
 # (b)'s bindings; "b_two_engines" is (b) in files from before both bindings ran (one binding, in the config).
@@ -68,6 +70,9 @@ def ratios(setups: dict) -> dict:
                 if name == "c_ungated":
                     out[f"{key}_throughput_{name}_over_{den[1]}"] = setups[name][key]["turns_per_s"] / \
                         setups[den[0]][key]["turns_per_s"]
+        if key in setups.get("a_remote", {}) and key in setups.get("a_suffix", {}):  # the HTTP hop's cost
+            out[f"{key}_e2e_p50_a_remote_over_a_suffix"] = setups["a_remote"][key]["e2e_p50_ms"] / \
+                setups["a_suffix"][key]["e2e_p50_ms"]
     for name in (*GATED, *two, "c_ungated"):
         if den and name != den[0] and "multi_turn" in setups.get(name, {}) and "multi_turn" in setups[den[0]]:
             out[f"multi_turn_e2e_p50_{name}_over_{den[1]}"] = [
@@ -117,6 +122,17 @@ def targets(figures: dict) -> dict:
         name = "suffix_gate_latency_at_most_the_judges" if bounds["judge"] == 1.0 else \
             f"suffix_gate_latency_at_most_{bounds['judge']}x_the_judges_from_{bounds['judge_from']}_tokens"
         out[name] = {"met": all(v <= bounds["judge"] for v in judge.values()), "values": judge}
+    remote = medians("e2e_p50_a_remote_over_a_suffix")
+    if remote:  # the gate in `vllm serve`, over HTTP: within 10% of in process, and ahead of (b) as (a') is
+        ahead = medians("throughput_a_remote_over_b")
+        shared = medians("throughput_a_suffix_over_b")
+        out["remote_e2e_p50_within_10pct_of_in_process"] = {"met": all(v <= 1.10 for v in remote.values()),
+                                                            "values": remote}
+        if ahead and shared:
+            margins = {k: ahead[k] / shared[k.replace("a_remote", "a_suffix")] for k in ahead
+                       if k.replace("a_remote", "a_suffix") in shared}
+            out["remote_lead_over_two_engines_within_10pct_of_in_process"] = {
+                "met": all(v >= 0.90 for v in margins.values()), "values": margins}
     plugin = {**medians("e2e_p50_c_ungated_over_c0"), **medians("throughput_c_ungated_over_c0")}
     if plugin:
         out["plugin_cost_within_2pct"] = {"met": all(v >= 0.98 if "throughput" in k else v <= 1.02

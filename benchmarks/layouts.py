@@ -2,8 +2,9 @@
 
 A layout is one or two engines with their cores and KV memory, and the setups (`gatehead.benchmarks.peers`)
 measured on them one after the other: `OneEngine` (one engine on every core with the whole KV memory: the
-shared engine with a prompt-mode or a suffix-mode gate, or stock vLLM) and `TwoEngineLayout` (stock vLLM
-beside the dedicated gate engine, half the memory each, in one of two core bindings). The benchmark loop
+shared engine with a prompt-mode or a suffix-mode gate, or stock vLLM), `TwoEngineLayout` (stock vLLM
+beside the dedicated gate engine, half the memory each, in one of two core bindings) and `RemoteLayout`
+(the suffix-mode gate in a `vllm serve` process, reached over HTTP). The benchmark loop
 (`side_by_side.run`) treats them alike. This module measures nothing itself.
 """
 
@@ -157,3 +158,78 @@ class TwoEngineLayout:
             self.generator.shutdown()
         if self.dedicated is not None:
             self.dedicated.shutdown()
+
+
+class RemoteLayout:
+    """(a'-remote): the suffix-mode gate inside vLLM's own OpenAI server (`vllm serve` with `gatehead vllm-args`'
+    flags: one server process on `cores` with the whole KV memory, as (a')'s engine), the agent on `RemoteEngine`
+    over loopback HTTP. The server runs in vLLM's development mode only so that `reset` can empty its prefix cache
+    between workloads (`/reset_prefix_cache`)."""
+
+    name = "remote_suffix"
+    keys = ("a_remote",)
+
+    def __init__(self, bench, cores: Sequence[int], agent_config, log_dir: Path) -> None:
+        self.bench, self.cores, self.agent_config, self.log_dir = bench, cores, agent_config, log_dir
+        self.process: Any = None
+        self.engine: Any = None
+        self.url = ""
+
+    def start(self) -> None:
+        import socket
+        import subprocess
+        import sys
+        import time
+
+        import httpx
+
+        from gatehead.runtime.remote import RemoteConfig, RemoteEngine
+        from gatehead.runtime.vllm_serve import serve_command
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        command = serve_command(engine_config(self.bench, self.bench.suffix_adapter, self.bench.memory_fraction),
+                                host="127.0.0.1", port=port)
+        env = {**os.environ, **command.environment, "VLLM_SERVER_DEV_MODE": "1",
+               "VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in self.cores)}
+        log = self.log_dir / "vllm-serve.log"
+        with log.open("w") as out:
+            self.process = subprocess.Popen(command.module_argv(sys.executable), env=env, stdout=out,
+                                            stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 900
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"vllm serve exited with {self.process.returncode}: {log.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"vllm serve did not start in 900 s: {log.read_text()[-3000:]}")
+            time.sleep(1)
+        self.engine = RemoteEngine(RemoteConfig(urls=(self.url,), model=self.bench.model,
+                                                adapter=self.bench.suffix_adapter))
+
+    def measured(self) -> Iterator[Measured]:
+        from gatehead.benchmarks.peers import SharedGate
+
+        yield Measured("a_remote", SharedGate(self.engine), self.agent_config)
+
+    async def reset(self) -> None:
+        reply = await self.engine.client.post(f"{self.url}/reset_prefix_cache")
+        reply.raise_for_status()
+
+    async def memory(self) -> dict:
+        return {"rss_bytes": resident_bytes([self.process.pid])}
+
+    def shutdown(self) -> None:
+        import signal
+
+        if self.engine is not None:
+            self.engine.shutdown()
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            self.process.wait(60)

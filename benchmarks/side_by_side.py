@@ -8,6 +8,8 @@ the same retrieval store, the same KV memory and the same cores (`gatehead.bench
   same gate task (the gate reads the prefix cache and computes its suffix);
 - (a'-overlap) (a') with the answer submitted beside the gate and held until it decides
   (`AgentConfig.answer_beside_gate`, `gatehead.agent.held`);
+- (a'-remote) (a')'s gate and engine inside vLLM's own OpenAI server (`vllm serve` with `gatehead
+  vllm-args`' flags, on the same cores and KV memory), the agent on `RemoteEngine` over loopback HTTP;
 - (b) two engines: stock vLLM for generation beside the dedicated gate engine (`gatehead
   export-dedicated` on stock vLLM's pooling runner, prefix caching on), each with half the KV memory,
   in two bindings: `split` (half the cores each) and `shared` (both on every core); a target against
@@ -54,7 +56,7 @@ from typing import Any
 
 from gatehead.benchmarks.agent_ttft import ttft
 from gatehead.benchmarks.bench_report import PRIORITY, SETUP_NAMES, WORKLOADS, ratios, spread, tables, targets
-from gatehead.benchmarks.layouts import OneEngine, TwoEngineLayout
+from gatehead.benchmarks.layouts import OneEngine, RemoteLayout, TwoEngineLayout
 from gatehead.benchmarks.peers import (
     ALWAYS_ANSWER,
     ALWAYS_REFUSE,
@@ -345,6 +347,8 @@ def layouts(config: BenchConfig, adapter, export: Path) -> list:
         out.append(OneEngine("shared_suffix_priority", config, config.suffix_adapter, cores, prioritised, "priority"))
     out += [TwoEngineLayout(BINDINGS[b], config, adapter, export, *bindings[b], answering)
             for b in config.two_engine_cores if BINDINGS[b] in wanted]
+    if "a_remote" in wanted:
+        out.append(RemoteLayout(config, cores, answering, export.parent))
     if "a_prompt" in wanted:  # last: the slowest setup (it recomputes whole prompts of up to 8k tokens)
         out.append(OneEngine("shared_prompt", config, config.adapter, cores, {"a_prompt": (SharedGate, answering)}))
     return out
@@ -370,7 +374,8 @@ def run(config: BenchConfig, log=print, on_setup=None) -> dict:
     from gatehead.gate.adapter import load_gate_adapter
 
     unknown = set(config.setups) - set(SETUPS)
-    if unknown or (config.suffix_adapter is None and {"a_suffix", "a_overlap", *PRIORITY} & set(config.setups)):
+    if unknown or (config.suffix_adapter is None and {"a_suffix", "a_overlap", "a_remote", *PRIORITY}
+                   & set(config.setups)):
         raise ValueError(f"setups are {list(SETUPS)} (the suffix-mode ones need a suffix-mode adapter), not "
                          f"{sorted(config.setups)}")
     adapter = load_gate_adapter(config.adapter, config.model)
@@ -439,7 +444,8 @@ def bench_models(model: str, random_dir: Path, adapter: Path | None = None, suff
 def default_setups(suffix_adapter: Path | None, bindings: Sequence[str]) -> tuple[str, ...]:
     """Every setup that can run: (a') and (a'-overlap) need a suffix-mode adapter; (b) in `bindings`; the
     priority-scheduler setups only when asked for."""
-    return tuple(s for s in SETUPS if s not in PRIORITY and (s not in ("a_suffix", "a_overlap") or suffix_adapter)
+    return tuple(s for s in SETUPS if s not in PRIORITY and (s not in ("a_suffix", "a_overlap", "a_remote")
+                                                              or suffix_adapter)
                  and (s not in BINDINGS.values() or s in (BINDINGS[b] for b in bindings)))
 
 

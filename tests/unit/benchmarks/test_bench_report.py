@@ -88,6 +88,23 @@ def test_the_random_models_targets() -> None:
     assert not missed["plugin_cost_within_2pct"]["met"]  # the plugin 3% slower
 
 
+def test_the_remote_gates_targets_compare_it_with_the_same_gate_in_process() -> None:
+    def with_remote(seconds: float) -> dict:
+        one = run(1.04, 2.0, 2.5, 1.0, 1.01, 20.0)  # (a') turns take 1.041 s, (b) split 2.0 s
+        return {**one, "a_remote": {"single_c1": single(seconds), "single_c4": single(seconds)}}
+
+    r = ratios(with_remote(1.1451))
+    assert r["single_c4_e2e_p50_a_remote_over_a_suffix"] == approx(1.1)
+    assert r["single_c4_throughput_a_remote_over_b"] == approx(2.0 / 1.1451)
+    near = figures_of([with_remote(1.09)] * 3, "demo")["targets"]
+    assert near["remote_e2e_p50_within_10pct_of_in_process"]["met"]
+    assert near["remote_lead_over_two_engines_within_10pct_of_in_process"]["met"]
+    far = figures_of([with_remote(1.2)] * 3, "demo")["targets"]  # 15% slower than in process
+    assert not far["remote_e2e_p50_within_10pct_of_in_process"]["met"]
+    assert not far["remote_lead_over_two_engines_within_10pct_of_in_process"]["met"]  # 1.041 / 1.2 = 0.87
+    assert "(a'-remote) (a') in `vllm serve`, over HTTP" in tables(figures_of([with_remote(1.09)] * 3, "demo"))
+
+
 def test_the_bench_runs_each_setup_on_its_layout_of_engines_in_order(tiny) -> None:
     from gatehead.benchmarks.side_by_side import SETUPS, BenchConfig, layouts
 
@@ -97,7 +114,8 @@ def test_the_bench_runs_each_setup_on_its_layout_of_engines_in_order(tiny) -> No
     assert found == [("shared_prompt", ("c_ungated",)), ("shared_suffix", ("a_suffix", "a_overlap")),
                      ("stock", ("c0_stock", "d_judge")),
                      ("shared_suffix_priority", ("a_suffix_prio", "a_overlap_prio")),
-                     ("two_engines", ("b_split",)), ("two_engines", ("b_shared",)), ("shared_prompt", ("a_prompt",))]
+                     ("two_engines", ("b_split",)), ("two_engines", ("b_shared",)), ("remote_suffix", ("a_remote",)),
+                     ("shared_prompt", ("a_prompt",))]
     # The priority-scheduler setups run on an engine of their own, scheduling by priority; the rest first come.
     policies = {x.name: x.policy for x in layouts(config, tiny.adapter, tiny.model_dir) if hasattr(x, "policy")}
     assert policies == {"shared_prompt": "fcfs", "shared_suffix": "fcfs", "stock": "fcfs",
@@ -119,7 +137,7 @@ def test_the_default_setups_are_those_the_adapters_and_bindings_allow() -> None:
     prio = ("a_suffix_prio", "a_overlap_prio")  # only when asked for
     assert default_setups(Path("suffix"), ("split", "shared")) == tuple(s for s in SETUPS if s not in prio)
     assert default_setups(None, ("shared",)) == tuple(s for s in SETUPS if s not in ("a_suffix", "a_overlap",
-                                                                                    "b_split", *prio))
+                                                                                    "a_remote", "b_split", *prio))
 
 
 def _part(results: dict, keys: set[str], workloads: list[str], concurrency: list[int], memory: bool) -> dict:
