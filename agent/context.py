@@ -49,6 +49,7 @@ class AgentContext:
     rewriter: PromptBuilder  # the rewrite and contextualize prompts' layout (the engine's window, REWRITE_SYSTEM)
     cache_salt: str | None = None  # keeps the turn's prefix-cache blocks to its tenant
     max_answer_tokens: int | None = None  # this turn's answer budget; default AgentConfig.max_answer_tokens
+    affinity: str | None = None  # where an engine has several servers, the one this turn's requests go to
     held: HeldAnswers = field(default_factory=HeldAnswers)  # answers started beside their gate (one per run)
 
     @property

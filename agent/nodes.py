@@ -25,6 +25,7 @@ from gatehead.agent.state import AgentState, Decision, as_passage, turns_of
 from gatehead.errors import InvalidInput
 from gatehead.gate.policy import Thresholds
 from gatehead.gate.prompt import Turn
+from gatehead.runtime.affinity import affinity
 
 # A gate's answer and a rewrite for another search go before new turns' work where the engine schedules by
 # priority (`EngineConfig.scheduling_policy`, lower first); first come, first served (the default) ignores it.
@@ -84,11 +85,13 @@ def route_on_gate(output_key: str = "gate") -> Callable[[dict], Decision]:
 
 
 def timed(name: str, fn: Node) -> Node:
-    """`fn`, adding its run to the state's `timings` (with what it reports under `_timing`)."""
+    """`fn` under its turn's server affinity, adding its run to the state's `timings` (with what it reports under
+    `_timing`)."""
 
     async def node(state: AgentState, runtime: Runtime[AgentContext]) -> dict:
         started = time.perf_counter()
-        update = await fn(state, runtime)
+        with affinity(runtime.context.affinity):  # tasks the node starts (a held answer) keep it
+            update = await fn(state, runtime)
         entry = {"node": name, "seconds": round(time.perf_counter() - started, 6), **update.pop("_timing", {})}
         return {**update, "timings": [entry]}
 

@@ -12,7 +12,7 @@ from gatehead.agent.held import HeldAnswers
 from gatehead.agent.state import AgentConfig, AgentEvent, TurnResult, turns_of
 from gatehead.errors import InvalidInput
 from gatehead.gate.prompt import Turn
-from gatehead.runtime.affinity import affinity
+from gatehead.runtime.affinity import turn_key
 
 
 class Agent:
@@ -79,17 +79,17 @@ class Agent:
         state: dict = {}
         try:
             # Where the engine has several servers, the turn's requests all go to the one its thread hashes to.
-            with affinity(f"{context.cache_salt or ''}\0{thread_id}"):
-                async for mode, chunk in self.graph.astream(graph_input, self._config(thread_id), context=context,
-                                                            stream_mode=["updates", "custom", "values"],
-                                                            durability="sync"):
-                    if mode == "custom" and "token" in chunk:
-                        yield AgentEvent("token", text=chunk["token"])
-                    elif mode == "updates":
-                        for node, update in chunk.items():
-                            yield AgentEvent("node", node=node, data=dict(update or {}))
-                    elif mode == "values":
-                        state = chunk
+            context = replace(context, affinity=turn_key(context.cache_salt, thread_id))
+            async for mode, chunk in self.graph.astream(graph_input, self._config(thread_id), context=context,
+                                                        stream_mode=["updates", "custom", "values"],
+                                                        durability="sync"):
+                if mode == "custom" and "token" in chunk:
+                    yield AgentEvent("token", text=chunk["token"])
+                elif mode == "updates":
+                    for node, update in chunk.items():
+                        yield AgentEvent("node", node=node, data=dict(update or {}))
+                elif mode == "values":
+                    state = chunk
         finally:  # a run cut short between its gate and its answer leaves no answer running
             await context.held.abort_all()
         yield AgentEvent("final", result=await self._result(thread_id, state))

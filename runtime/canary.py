@@ -276,10 +276,6 @@ class CanaryGroup:
     async def record(self) -> None:
         await asyncio.gather(*(m.record() for m in self.members))
 
-    async def check(self) -> list[Mismatch]:
-        await asyncio.gather(*(m.check() for m in self.members))
-        return self.state.last
-
     def poke(self) -> None:
         for member in self.members:
             member.poke()

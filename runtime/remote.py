@@ -86,6 +86,7 @@ class Server:
     retried_elsewhere: int = 0
     last_error: str = ""
     max_model_len: int = 0
+    misconfigured: bool = False  # `check` found it serving another adapter or window
     counters: dict[str, int] = field(default_factory=dict)
 
     def taken_out(self, error: BaseException) -> None:
@@ -106,10 +107,10 @@ class RemoteEngine(EngineFront):
         self.config = config
         self.servers = [Server(url) for url in config.urls]
         headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+        window = self._window(headers)  # before the client: a failed start leaves no connection pool open
         self.client = httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(config.request_timeout,
                                                                                connect=config.connect_timeout),
                                         limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
-        window = self._window()
         plan = EnginePlan.of(EngineConfig(model=config.model, adapter=config.adapter, max_model_len=window,
                                           max_gate_tokens=config.max_gate_tokens))
         from gatehead.runtime.vllm_serve import served_model_name
@@ -125,15 +126,14 @@ class RemoteEngine(EngineFront):
 
     # ----- servers -------------------------------------------------------------------------------
 
-    def _window(self) -> int:
+    def _window(self, headers: dict[str, str]) -> int:
         """The context window the servers report (the first one that answers); all must agree (`check`)."""
         import httpx
 
         errors = []
         for server in self.servers:
             try:
-                reply = httpx.get(f"{server.url}/v1/models", headers=self.client.headers,
-                                  timeout=self.config.connect_timeout)
+                reply = httpx.get(f"{server.url}/v1/models", headers=headers, timeout=self.config.connect_timeout)
                 reply.raise_for_status()
                 return self._model_card(server, reply.json(), check_name=False)["max_model_len"]
             except (httpx.HTTPError, ValueError) as e:
@@ -172,8 +172,9 @@ class RemoteEngine(EngineFront):
                 await self._gate_on(server, probe.gate, None)
             except (httpx.HTTPError, ValueError, GateError, InvalidInput) as e:
                 server.taken_out(e)
+                server.misconfigured = not isinstance(e, httpx.HTTPError)  # back through `check` only
                 return
-            server.in_service = True
+            server.in_service, server.misconfigured = True, False
 
         await asyncio.gather(*(one(s) for s in self.servers))
         return {s.url: s.in_service for s in self.servers}
@@ -194,7 +195,8 @@ class RemoteEngine(EngineFront):
 
     async def health(self) -> dict[str, bool]:
         """Every server's `/health` now (vLLM's liveness route): a server that fails it is taken out of service,
-        one that passes is put back. Returns {url: healthy}."""
+        one that passes is put back, unless `check` found it serving another adapter or window. Returns
+        {url: healthy and in service}."""
         import httpx
 
         async def one(server: Server) -> bool:
@@ -205,8 +207,8 @@ class RemoteEngine(EngineFront):
             except (httpx.HTTPError, EngineUnavailable) as e:
                 server.taken_out(e)
                 return False
-            server.in_service = True
-            return True
+            server.in_service = not server.misconfigured
+            return server.in_service
 
         return dict(zip((s.url for s in self.servers), await asyncio.gather(*(one(s) for s in self.servers)),
                         strict=True))
@@ -225,7 +227,7 @@ class RemoteEngine(EngineFront):
             if not match:
                 raise ValueError(f"{pin} is not one of this engine's servers: {[s.url for s in self.servers]}")
             return match
-        key = routing.affinity_key() or cache_salt or ""
+        key = routing.affinity_key() or cache_salt or uuid.uuid4().hex  # no key: any server, spread evenly
         now = time.monotonic()
         ready = [s for s in self.order(key) if s.in_service or now - s.down_since >= self.config.retry_after]
         if not ready:

@@ -4,12 +4,14 @@ Every error body is OpenAI's shape, `{"error": {"message", "type", "param", "cod
 that fails its schema (`gatehead.server.schemas`) is a 400 naming the field in `param` (FastAPI's own
 reply would be a 422 in another shape), and so is a typed input error (`gatehead.errors.InvalidInput`,
 raised by the runtime's, the gate's and the agent's validation); anything else a route did not expect
-is a 500 whose body carries the request id the log files the traceback under.
+is a 500 whose body carries the request id the log files the traceback under. vLLM servers that cannot serve
+a request (`RemoteEngine`'s `EngineUnavailable`) are a 503.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -18,6 +20,7 @@ from fastapi.responses import JSONResponse
 from gatehead.errors import InvalidInput
 from gatehead.runtime.engine import GateError
 from gatehead.runtime.guard import DegenerateOutput
+from gatehead.runtime.remote import EngineUnavailable
 
 log = logging.getLogger("gatehead.server")
 
@@ -45,12 +48,16 @@ def _models() -> frozenset[str]:
     return frozenset(below(Body))
 
 
+# How pydantic names a union's scalar member in an error's location (`stop.str`, `content.list[...]`).
+_TYPE_TAG = re.compile(r"^(?:str|int|float|bool|bytes|none|list|dict|tuple|set|literal|function-[a-z-]+)(?:\[.*\])?$")
+
+
 def field_path(loc: tuple) -> str | None:
     """A validation error's location as OpenAI's `param` names a field: `messages[0].role` (the body's root: None;
     a union's member, which pydantic names in the location, left out)."""
     path, models = "", _models()
     for part in loc[1:] if loc and loc[0] in ("body", "query", "path", "header") else loc:
-        if isinstance(part, str) and part in models:
+        if isinstance(part, str) and (part in models or _TYPE_TAG.match(part)):
             continue
         path += f"[{part}]" if isinstance(part, int) else f"{'.' if path else ''}{part}"
     return path or None
@@ -70,6 +77,9 @@ def validation_response(exc: RequestValidationError) -> JSONResponse:
     """A body that fails its schema: 400, the first failing field as `param`, every failure in the message."""
     errors = _nearest_member(list(exc.errors()))
     first = errors[0] if errors else {}
+    if first.get("type") == "json_invalid":  # no field to name
+        return error_response(400, f"the request body is not valid JSON: {first.get('msg', '')}",
+                              "invalid_request_error")
     param = (first.get("ctx") or {}).get("path") or field_path(tuple(first.get("loc", ())))
     message = "; ".join(e.get("msg", "invalid") if (e.get("ctx") or {}).get("path")
                         else f"{field_path(tuple(e.get('loc', ()))) or 'body'}: {e.get('msg', 'invalid')}"
@@ -101,6 +111,13 @@ def install_handlers(app: FastAPI) -> None:
         request.app.state.services.trouble()
         log.error("request %s: the gate failed: %s", request_id(request), exc)
         return error_response(500, f"the gate failed: {exc}", "gate_error")
+
+    @app.exception_handler(EngineUnavailable)
+    async def unavailable(request: Request, exc: EngineUnavailable) -> JSONResponse:
+        request.app.state.services.trouble()
+        log.error("request %s: no vLLM server could serve it: %s", request_id(request), exc)
+        return error_response(503, f"no vLLM server could serve the request: {exc}", "engine_unavailable",
+                              {"Retry-After": "5"})
 
     @app.exception_handler(DegenerateOutput)
     async def degenerate(request: Request, exc: DegenerateOutput) -> JSONResponse:

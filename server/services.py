@@ -2,8 +2,9 @@
 
 `Services.start` opens the backends (`open_backends`: the Qdrant store with its corpus, the shared
 engine, or a `RemoteEngine` on `ServerConfig.vllm_urls`, and the checkpointer), puts generations behind
-runs the engine's warm-up (a generation and a gate) and records the canaries. Until it has, the service
-is not ready. A test passes its own opener to run the service on a scripted engine.
+the degenerate-output guard, builds the agent, runs the engine's warm-up (a generation and a gate) and
+records the canaries. Until it has, the service is not ready. A test passes its own opener to run the
+service on a scripted engine.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ async def open_backends(config: ServerConfig, stack: contextlib.AsyncExitStack) 
     return Backends(engine, store, saver)
 
 
-async def remote_engine(config: ServerConfig, wait: float = 600.0):
+async def remote_engine(config: ServerConfig, wait: float = 600.0) -> Any:
     """A `RemoteEngine` on `config.vllm_urls` once every server passes its check (`RemoteEngine.check`), within
     `wait` seconds (servers started beside this one load their model meanwhile)."""
     from gatehead.runtime.remote import EngineUnavailable, RemoteConfig, RemoteEngine

@@ -16,6 +16,7 @@ from contextlib import aclosing
 
 from gatehead.errors import InvalidInput
 from gatehead.runtime.guard import DegenerateOutput
+from gatehead.runtime.remote import EngineUnavailable
 from gatehead.server.errors import ApiError
 
 log = logging.getLogger("gatehead.server")
@@ -64,7 +65,11 @@ async def with_errors(events: AsyncIterator[str], error: ErrorEvent, request_id:
             async for item in inner:
                 yield item
     except ApiError as exc:
-        yield error(exc.status, exc.kind, exc.message, {})
+        yield error(exc.status, exc.kind, exc.message, {"param": exc.param})
+    except EngineUnavailable as exc:  # the server streaming it failed; never repeated elsewhere
+        log.error("request %s: the vLLM server failed: %s", request_id, exc)
+        on_failure()
+        yield error(503, "engine_unavailable", f"no vLLM server could finish the request: {exc}", {})
     except DegenerateOutput as exc:
         yield error(502, "degenerate_output", str(exc), {"reason": exc.trip.reason})
     except InvalidInput as exc:

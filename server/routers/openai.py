@@ -98,8 +98,8 @@ class Completion:
         return chunk(self.id, self.model, delta, finish, extra, None if self.include_usage else False)
 
     def usage_chunk(self, usage: dict) -> str:
-        """The stream's last chunk where usage was asked for ("" where not)."""
-        return chunk(self.id, self.model, None, None, None, usage) if self.include_usage else ""
+        """The stream's last chunk where usage was asked for: no choices, the usage."""
+        return chunk(self.id, self.model, None, None, None, usage)
 
     def whole(self, text: str, finish: str, usage: dict, gatehead: dict | None) -> dict:
         out = {"id": self.id, "object": "chat.completion", "created": int(time.time()), "model": self.model,
@@ -167,7 +167,8 @@ async def _agent_chunks(services: Services, completion: Completion, question: st
                 if not result.generated and result.answer:  # a refusal or a question back is said, not streamed
                     yield completion.chunk({"content": result.answer})
                 yield completion.chunk({}, _finish(result.finish_reason), _gatehead(result))
-                yield completion.usage_chunk(_turn_usage(result))
+                if completion.include_usage:
+                    yield completion.usage_chunk(_turn_usage(result))
         yield DONE
     finally:
         with anyio.CancelScope(shield=True):  # a gone client's stream is cancelled: the delete must still run
@@ -187,8 +188,9 @@ async def _plain_chunks(services: Services, completion: Completion, prompt: list
             text = out.text
         finish, last = out.finish_reason, out
     yield completion.chunk({}, _finish(finish))
-    yield completion.usage_chunk(_usage(len(prompt), len(last.token_ids) if last else 0,
-                                        last.num_cached_tokens if last else 0))
+    if completion.include_usage:
+        yield completion.usage_chunk(_usage(len(prompt), len(last.token_ids) if last else 0,
+                                            last.num_cached_tokens if last else 0))
     yield DONE
 
 

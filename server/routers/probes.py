@@ -32,8 +32,8 @@ async def readyz(services: ServicesDep) -> JSONResponse:
     try:
         if not services.engine.alive:
             raise RuntimeError("the engine core is dead")
-        servers = getattr(services.engine, "health", None)  # a remote engine: every vLLM server must be healthy
-        down = [url for url, healthy in (await servers()).items() if not healthy] if servers else []
+        health = getattr(services.engine, "health", None)  # a remote engine: every vLLM server must be healthy
+        down = [url for url, healthy in (await health()).items() if not healthy] if health else []
         if down:
             return JSONResponse({"status": "unready", "unreachable": "engine", "servers": down}, 503)
         part = "store"

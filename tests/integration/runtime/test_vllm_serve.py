@@ -305,6 +305,41 @@ async def _collect(stream) -> list:
     return [item async for item in stream]
 
 
+def test_a_cancelled_stream_aborts_its_request_in_the_server(servers, kit, loop) -> None:
+    """Closing a `RemoteEngine` stream closes its HTTP request, and vLLM aborts the request: the server's
+    running requests drop to 0 and it generates a small part of the tokens asked for."""
+    engine = remote(servers["prompt"], kit)
+    prompt = engine.prompts.build("How long is the warranty?", DOCS).answer
+    asked = kit_window() - len(prompt) - 8
+
+    def metric(name: str) -> float:
+        text = httpx.get(f"{servers['prompt'].url}/metrics", timeout=30).text
+        return sum(float(m) for m in re.findall(rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+
+    before = metric("vllm:generation_tokens_total")
+
+    async def cut() -> int:
+        stream = engine.stream(prompt, max_tokens=asked, ignore_eos=True)
+        async for generation in stream:
+            if len(generation.token_ids) >= 4:
+                break
+        await stream.aclose()
+        return len(generation.token_ids)
+
+    seen = loop.run(cut())
+    deadline = time.monotonic() + 30
+    while metric("vllm:num_requests_running") > 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    generated = metric("vllm:generation_tokens_total") - before
+    loop.run(engine.aclose())
+    assert metric("vllm:num_requests_running") == 0
+    assert seen <= generated < asked / 2, (seen, generated, asked)
+
+
+def kit_window() -> int:
+    return 2048 if DEMO else 1024
+
+
 def test_the_agents_routes_run_through_remote_engine(servers, kit, embedder, write_corpus, loop) -> None:
     """The agent over `RemoteEngine` on a real `vllm serve`: answer (its answer reading the gate's prefix blocks),
     follow-up, search and rewrite until not found, refusal, and a question asked back. The random tiny gate is
@@ -348,26 +383,50 @@ def test_the_agents_routes_run_through_remote_engine(servers, kit, embedder, wri
         loop.run(engine.aclose())
 
 
+def test_gatehead_ask_runs_a_turn_on_a_vllm_server(servers, kit, tmp_path) -> None:
+    """`gatehead ask --vllm-url`: one turn on the server, its result as JSON, and a clean exit."""
+    done = subprocess.run([str(Path(sys.executable).parent / "gatehead"), "ask", "How long is the warranty?", "--json",
+                           "--model", str(kit.model_dir), "--adapter", str(kit.adapter_dir), "--t-answer", "0",
+                           "--max-tokens", "8", "--store", str(tmp_path / "qdrant"),
+                           "--vllm-url", servers["prompt"].url],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert result["decision"] == "answer" and result["gates"][0]["decision"] == "answer"
+    assert result["usage"]["nodes"]["generate"]["completion_tokens"] >= 1
+
+
 def test_gatehead_serve_on_two_vllm_servers_keeps_a_thread_on_one_and_survives_losing_it(servers, kit,
                                                                                           tmp_path) -> None:
     """`gatehead serve --vllm-url A,B`: the service, the agent and the canaries on two `vllm serve` servers. A
-    thread's turn goes to one server (the per-server counters in /metrics); killed while the thread's next turn
-    streams its answer, that server gives the turn one error event, /readyz turns 503 naming it, and the
-    thread's next turn is served by the other, the thread's history intact. (The last test of the module: the
-    server killed may be the module's.)"""
+    thread's turn goes to the server its thread hashes to (the per-server counters in /metrics); killed while the
+    thread's next turn streams its answer, that server gives the turn one error event, /readyz turns 503 naming
+    it, and the thread's next turn is served by the other, the thread's history intact."""
+    from gatehead.runtime.affinity import turn_key
+    from gatehead.server.middleware import tenant_of_key
+
     second = VllmServer(engine_config(kit), tmp_path, "second")
-    service = None
+    service, client, log = None, None, (tmp_path / "serve.log").open("w")
     try:
         second.wait()
         port, key = free_port(), "remote-key"
+        # A thread that hashes to the second server, the one this test owns and kills.
+        urls = (servers["prompt"].url, second.url)
+        router = RemoteEngine(RemoteConfig(urls=urls, model=kit.model_dir, adapter=kit.adapter_dir))
+        tenant = tenant_of_key(key.encode())
+        thread = next(t for t in (f"t{i}" for i in range(100))
+                      if router.order(turn_key(tenant, f"{tenant}:{t}"))[0].url == second.url)
+        router.shutdown()
         service = subprocess.Popen(
             [str(Path(sys.executable).parent / "gatehead"), "serve", "--port", str(port), "--api-key", key,
              "--model", str(kit.model_dir), "--adapter", str(kit.adapter_dir), "--max-tokens", "256",
-             "--vllm-url", f"{servers['prompt'].url},{second.url}", "--canary-interval", "0",
+             "--store", str(tmp_path / "qdrant"),  # empty: the servers are tested here, not retrieval
+             "--vllm-url", ",".join(urls), "--canary-interval", "0",
              # The random tiny model writes garbled text, which the guard would stop; its random gate answers
              # everything at --t-answer 0 (the turns' routes are the agent tests'; here the servers are tested).
              "--no-guard", "--t-answer", "0"],
-            cwd=tmp_path, stdout=(tmp_path / "serve.log").open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+            cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120,
                               headers={"Authorization": f"Bearer {key}"})
         deadline = time.monotonic() + 600
@@ -377,46 +436,47 @@ def test_gatehead_serve_on_two_vllm_servers_keeps_a_thread_on_one_and_survives_l
 
         def sent() -> dict[str, float]:
             text = client.get("/metrics").text
-            return {url: float(m.group(1)) for url in (servers["prompt"].url, second.url)
+            return {url: float(m.group(1)) for url in urls
                     for m in [re.search(rf'^gatehead_vllm_server_requests{{server="{re.escape(url)}"}} (\S+)', text,
                                         re.M)]}
 
         before = sent()
-        first = client.post("/v1/agent/chat", json={"message": "How long is the warranty?", "thread_id": "t1"})
-        assert first.status_code == 200, first.text
+        first = client.post("/v1/agent/chat", json={"message": "How long is the warranty?", "thread_id": thread})
+        assert first.status_code == 200 and first.json()["answer"], first.text
         middle = sent()
-        moved = {url: middle[url] - before[url] for url in middle}
-        home = max(moved, key=moved.get)
-        assert sorted(moved.values())[0] == 0 and moved[home] >= 2, moved  # the gate and the answer, on one
-        assert first.json()["answer"]
-        victim = second if home == second.url else servers["prompt"]
-        # The thread's next turn, streamed: its server killed at the answer's first token.
+        moved = {url: middle[url] - before[url] for url in urls}
+        assert moved[servers["prompt"].url] == 0 and moved[second.url] >= 2, moved  # the gate and the answer
+        # The thread's next turn, streamed: its server killed at the answer's first token (the tiny model's answer
+        # runs up to 256 tokens, several engine steps apart).
         events = []
-        with client.stream("POST", "/v1/agent/chat", json={"message": "And what does it weigh?", "thread_id": "t1",
-                                                           "stream": True}) as streaming:
+        with client.stream("POST", "/v1/agent/chat", json={"message": "And what does it weigh?", "stream": True,
+                                                           "thread_id": thread}) as streaming:
             for line in streaming.iter_lines():
                 events.append(line)
-                if line == "event: token" and victim.process.poll() is None:
-                    os.killpg(victim.process.pid, signal.SIGKILL)
-                    victim.process.wait(30)
-        assert victim.process.poll() is not None, f"no answer token came: {events[-6:]}"
+                if line == "event: token" and second.process.poll() is None:
+                    os.killpg(second.process.pid, signal.SIGKILL)
+                    second.process.wait(30)
+        assert second.process.poll() is not None, f"no answer token came: {events[-6:]}"
         assert events.count("event: error") == 1 and "event: final" not in events, events[-6:]
+        assert '"code": 503' in events[events.index("event: error") + 1], events[-4:]
         ready = client.get("/readyz")
-        assert ready.status_code == 503 and ready.json()["servers"] == [victim.url], ready.text
+        assert ready.status_code == 503 and ready.json()["servers"] == [second.url], ready.text
         # The thread's next turn on the other server: the interrupted turn is finished from its checkpoint
         # first (its answer generated there), then the new one; the thread's history intact.
-        after = client.post("/v1/agent/chat", json={"message": "And its warranty?", "thread_id": "t1"})
+        after = client.post("/v1/agent/chat", json={"message": "And its warranty?", "thread_id": thread})
         assert after.status_code == 200 and after.json()["answer"], after.text
-        turns = client.get("/v1/agent/threads/t1").json()["turns"]
+        turns = client.get(f"/v1/agent/threads/{thread}").json()["turns"]
         assert [t["text"] for t in turns[::2]] == ["How long is the warranty?", "And what does it weigh?",
                                                    "And its warranty?"]
         assert turns[1]["text"] == first.json()["answer"]
-        survivor = next(url for url in moved if url != victim.url)
-        assert sent()[survivor] > middle[survivor]
+        assert sent()[servers["prompt"].url] > middle[servers["prompt"].url]
     finally:
         if service is not None and service.poll() is None:
             os.killpg(service.pid, signal.SIGTERM)
             service.wait(60)
+        if client is not None:
+            client.close()
+        log.close()
         second.stop()
 
 

@@ -122,6 +122,27 @@ def test_only_a_typed_input_error_is_a_400(service, engine) -> None:
         assert said in reply.json()["error"]["message"] and reply.json()["error"]["type"] == "invalid_request_error"
 
 
+def test_vllm_servers_that_cannot_serve_are_a_503_whole_or_streamed(service, engine) -> None:
+    from gatehead.runtime.remote import EngineUnavailable
+
+    async def go():
+        async with service(engine(), fail=EngineUnavailable("every vLLM server is out of service")) as (client,
+                                                                                                        services):
+            pokes = []
+            services.trouble = lambda: pokes.append(1)
+            whole = await client.post("/v1/gate", json=GATE)
+            streamed = await client.post("/v1/agent/chat", json={"message": "How long?", "stream": True})
+        return whole, streamed, len(pokes)
+
+    whole, streamed, pokes = run(go())
+    assert whole.status_code == 503 and whole.headers["Retry-After"] == "5"
+    error = whole.json()["error"]
+    assert error["type"] == "engine_unavailable" and "out of service" in error["message"]
+    kind, last = sse(streamed.text)[-1]
+    assert kind == "error" and last["code"] == 503 and "out of service" in last["message"]
+    assert pokes == 2  # the canaries are told, as for a 500
+
+
 def test_keys_are_checked_and_threads_are_the_tenants_own(service, engine) -> None:
     async def go():
         scripted = engine()
@@ -435,7 +456,10 @@ def test_every_body_that_fails_its_schema_is_a_400_in_openais_shape_naming_the_f
              ("/v1/chat/completions", {**chat, "messages": [{"role": "user", "content": [
                  {"type": "text", "text": "\udfff"}]}]}, "messages[0].content[0].text"),
              ("/v1/agent/chat", {"message": "How long?\ud800"}, "message"),
-             ("/v1/gate", {**GATE, "documents": ["fine", "\ud83d"]}, "documents[1]")]
+             ("/v1/gate", {**GATE, "documents": ["fine", "\ud83d"]}, "documents[1]"),
+             # A union's scalar member is not named in param (pydantic's location says `stop.str`).
+             ("/v1/chat/completions", {**chat, "model": "m", "stop": 5}, "stop"),
+             ("/v1/chat/completions", {**chat, "messages": [{"role": "user", "content": 5}]}, "messages[0].content")]
 
     async def go():
         scripted, store = engine(), ScriptedStore()
@@ -453,5 +477,6 @@ def test_every_body_that_fails_its_schema_is_a_400_in_openais_shape_naming_the_f
         error = reply.json()["error"]
         assert reply.status_code == 400 and error["param"] == param, (path, body, reply.text)
         assert error["type"] == "invalid_request_error" and error["code"] == 400 and error["message"]
-    assert replies[-1].status_code == 400 and "JSON" in replies[-1].json()["error"]["message"]
+    assert replies[-1].status_code == 400 and "not valid JSON" in replies[-1].json()["error"]["message"]
+    assert replies[-1].json()["error"]["param"] is None
     assert calls == [] and queries == []  # nothing reached the engine or the store
