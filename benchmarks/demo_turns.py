@@ -10,7 +10,10 @@ call (every gate node) and of the answered turns after the first; then medians o
 spread. `--no-warm-up` measures the engine as it was before warm-up existed. The dtype line and the CPU kind
 say what ran (runtime/dtype.py). `--setups` names the gates compared (`SETUPS`: the demo model with its
 suffix-mode gate, the default, or its prompt-mode gate); their runs are interleaved (run 1 of each, then
-run 2 of each, ...) so that every setup meets the same machine. Writes JSON; asserts nothing. (The results
+run 2 of each, ...) so that every setup meets the same machine. A setup named with `:vllm-binding`
+(`suffix:vllm-binding`) starts its engine under vLLM's own CPU binding (`VLLM_CPU_OMP_THREADS_BIND=auto`:
+one core per worker kept for the scheduler) instead of gatehead's (`runtime/cpu_setup.py`), to measure
+what the set-up changes. Writes JSON; asserts nothing. (The results
 files named `12.8m` were measured on the 12.8 M model that came before, in git history.)
 """
 
@@ -31,6 +34,7 @@ from gatehead.runtime.dtype import KIND_NAMES, cpu_kind, dtype_reason
 
 # name: (model, gate adapter)
 SETUPS = {"suffix": (demo.MODEL_DIR, demo.SUFFIX_ADAPTER_DIR), "prompt": (demo.MODEL_DIR, demo.ADAPTER_DIR)}
+VLLM_BINDING = ":vllm-binding"  # a setup under vLLM's own CPU binding, not gatehead's
 
 
 def _median_spread(values: list[float]) -> dict[str, float]:
@@ -72,15 +76,26 @@ def one_run(dtype: str, warm_up: bool, setup: str = "suffix") -> dict:
     from gatehead.demo.base import ensure_demo_model
     from gatehead.demo.index import CORPUS, demo_store_config
     from gatehead.retrieval.ingest import open_store
+    from gatehead.runtime.cpu_setup import BIND
     from gatehead.runtime.engine import EngineConfig, SharedEngine
 
-    model, adapter = SETUPS[setup]
+    gate, vllm_binding = setup.removesuffix(VLLM_BINDING), setup.endswith(VLLM_BINDING)
+    model, adapter = SETUPS[gate]
     ensure_demo_model()  # the demo model is built on first use
     store = open_store(demo_store_config(), (CORPUS,), log=lambda m: print(m, file=sys.stderr))
     try:
         started = time.perf_counter()
-        engine = SharedEngine(EngineConfig(model=model, adapter=adapter, enforce_eager=True,
-                                           kv_cache_memory_bytes=256 << 20, dtype=dtype))
+        saved = os.environ.get(BIND)
+        if vllm_binding:
+            os.environ[BIND] = "auto"
+        try:
+            engine = SharedEngine(EngineConfig(model=model, adapter=adapter, enforce_eager=True,
+                                               kv_cache_memory_bytes=256 << 20, dtype=dtype))
+        finally:
+            if saved is None:
+                os.environ.pop(BIND, None)
+            else:
+                os.environ[BIND] = saved
         try:
             figures = asyncio.run(_session(engine, store, warm_up, started))
         finally:
@@ -96,11 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"])
     parser.add_argument("--no-warm-up", action="store_true", help="start as before SharedEngine.warm_up existed")
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--setups", default="suffix", help=f"comma-separated, of {', '.join(SETUPS)}")
+    parser.add_argument("--setups", default="suffix", help=f"comma-separated, of {', '.join(SETUPS)}, each also "
+                        f"with {VLLM_BINDING} (vLLM's own CPU binding)")
     parser.add_argument("--out", type=Path, help="write the JSON here too")
     args = parser.parse_args(argv)
     setups = args.setups.split(",")
-    if unknown := [s for s in setups if s not in SETUPS]:
+    if unknown := [s for s in setups if s.removesuffix(VLLM_BINDING) not in SETUPS]:
         parser.error(f"unknown setup {unknown[0]!r}: choose from {', '.join(SETUPS)}")
     runs = {setup: [] for setup in setups}
     for _ in range(args.runs):
@@ -119,8 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     result = {"command": " ".join(["python -m gatehead.benchmarks.demo_turns", *(argv or sys.argv[1:])]),
               "commit": described_commit(), "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
               "machine": machine(),
-              "fingerprints": {setup: {"model": fingerprint(Path(SETUPS[setup][0])), "adapter":
-                                       fingerprint(Path(SETUPS[setup][1]))} for setup in setups},
+              "fingerprints": {setup: {"model": fingerprint(Path(SETUPS[setup.removesuffix(VLLM_BINDING)][0])),
+                                       "adapter": fingerprint(Path(SETUPS[setup.removesuffix(VLLM_BINDING)][1]))}
+                               for setup in setups},
               "cpu": KIND_NAMES[cpu_kind()], "emulated_kind": os.environ.get("GATEHEAD_TEST_CPU_ISA", "native"),
               "dtype": dtype_reason(runs[setups[0]][0]["dtype"]), "warm_up": not args.no_warm_up,
               "preload": cpu_setup.libraries() if os.environ.get(cpu_setup.VARIABLE, "1") not in ("0", "false", "no")

@@ -171,20 +171,15 @@ class RemoteLayout:
 
     def __init__(self, bench, cores: Sequence[int], agent_config, log_dir: Path) -> None:
         self.bench, self.cores, self.agent_config, self.log_dir = bench, cores, agent_config, log_dir
-        self.process: Any = None
+        self.server: Any = None
         self.engine: Any = None
         self.url = ""
 
     def start(self) -> None:
         import socket
-        import subprocess
-        import sys
-        import time
-
-        import httpx
 
         from gatehead.runtime.remote import RemoteConfig, RemoteEngine
-        from gatehead.runtime.vllm_serve import serve_command
+        from gatehead.runtime.vllm_serve import ServerProcess, serve_command
 
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -192,24 +187,10 @@ class RemoteLayout:
         self.url = f"http://127.0.0.1:{port}"
         command = serve_command(engine_config(self.bench, self.bench.suffix_adapter, self.bench.memory_fraction),
                                 host="127.0.0.1", port=port)
-        env = {**os.environ, **command.environment, "VLLM_SERVER_DEV_MODE": "1",
-               "VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in self.cores)}
-        log = self.log_dir / "vllm-serve.log"
-        with log.open("w") as out:
-            self.process = subprocess.Popen(command.module_argv(sys.executable), env=env, stdout=out,
-                                            stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 900
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"vllm serve exited with {self.process.returncode}: {log.read_text()[-3000:]}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"vllm serve did not start in 900 s: {log.read_text()[-3000:]}")
-            time.sleep(1)
+        self.server = ServerProcess(command, self.url, self.log_dir / "vllm-serve.log",
+                                    {"VLLM_SERVER_DEV_MODE": "1",
+                                     "VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in self.cores)})
+        self.server.wait_ready(900)
         self.engine = RemoteEngine(RemoteConfig(urls=(self.url,), model=self.bench.model,
                                                 adapter=self.bench.suffix_adapter))
 
@@ -223,13 +204,10 @@ class RemoteLayout:
         reply.raise_for_status()
 
     async def memory(self) -> dict:
-        return {"rss_bytes": resident_bytes([self.process.pid])}
+        return {"rss_bytes": resident_bytes([self.server.process.pid])}
 
     def shutdown(self) -> None:
-        import signal
-
         if self.engine is not None:
             self.engine.shutdown()
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            self.process.wait(60)
+        if self.server is not None:
+            self.server.stop(60)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from gatehead.gate.policy import LABELS, Thresholds, gate_result
 from gatehead.gate.prompt import Prompt, PromptBuilder, PromptConfig, encode_untrusted
-from gatehead.runtime.cpu_setup import preloaded
+from gatehead.runtime.cpu_setup import cpu_set_up
 from gatehead.runtime.engine import GateOutcome, SharedEngine, final_output
 from gatehead.runtime.plugin import stock_vllm
 
@@ -47,7 +47,7 @@ class DedicatedGate:
                     gpu_memory_utilization=memory_fraction, enforce_eager=eager, seed=0, enable_prefix_caching=True)
         if block_size:
             args["block_size"] = block_size
-        with stock_vllm(), preloaded():  # stock vLLM, no gatehead code in its processes; the same CPU set-up
+        with stock_vllm(), cpu_set_up():  # stock vLLM, no gatehead code in its processes; the same CPU set-up
             self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
 
     async def probs(self, prompt_ids: Sequence[int]) -> dict[str, float]:

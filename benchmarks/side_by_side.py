@@ -67,6 +67,7 @@ from gatehead.benchmarks.peers import (
 from gatehead.gate.policy import LABELS
 from gatehead.gate.prompt import Passage
 from gatehead.provenance import machine
+from gatehead.runtime.cpu_setup import cores_of
 from gatehead.runtime.engine import SharedEngine
 
 PREFIX_LENGTHS = (256, 512, 1024, 2048, 4096, 8192)
@@ -111,15 +112,6 @@ class BenchConfig:
         unknown = set(self.two_engine_cores) - set(BINDINGS)
         if unknown or not self.two_engine_cores:
             raise ValueError(f"two_engine_cores takes {sorted(BINDINGS)}, not {list(self.two_engine_cores)}")
-
-
-def cores_of(spec: str) -> list[int]:
-    """The cores of a binding spec in vLLM's VLLM_CPU_OMP_THREADS_BIND syntax ("0-1", "0,2-3")."""
-    out: list[int] = []
-    for part in spec.split(","):
-        lo, _, hi = part.partition("-")
-        out += list(range(int(lo), int(hi or lo) + 1))
-    return out
 
 
 # ----- workloads ------------------------------------------------------------------------------------

@@ -103,7 +103,7 @@ def _serve_vllm(args: argparse.Namespace) -> int:
     command = _serve_command(args)
     argv = command.module_argv(sys.executable)
     print(f"gatehead serve-vllm: {command.shell()}", file=sys.stderr, flush=True)
-    os.execvpe(argv[0], argv, {**os.environ, **command.environment})
+    os.execvpe(argv[0], argv, command.process_environment())
 
 
 def _build_tiny(args: argparse.Namespace) -> int:

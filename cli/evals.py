@@ -32,9 +32,9 @@ def _bench(args: argparse.Namespace) -> int:
         BenchConfig,
         bench,
         bench_models,
-        cores_of,
         default_setups,
     )
+    from gatehead.runtime.cpu_setup import cores_of
 
     if (args.model in ("demo", "random")) == bool(args.adapter):
         raise ValueError("--adapter goes with --model PATH, and only with it")

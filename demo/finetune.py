@@ -242,12 +242,12 @@ class _StockVLLM:
     def __init__(self, model_dir: Path, tokenizer) -> None:
         from vllm import LLM
 
-        from gatehead.runtime.cpu_setup import preloaded
+        from gatehead.runtime.cpu_setup import cpu_set_up
         from gatehead.runtime.dtype import resolve_dtype
         from gatehead.runtime.plugin import stock_vllm
 
         self.tokenizer = tokenizer
-        with stock_vllm(), preloaded():
+        with stock_vllm(), cpu_set_up():
             self.llm = LLM(model=str(model_dir), dtype=resolve_dtype("auto"), enforce_eager=True, max_model_len=2048,
                            kv_cache_memory_bytes=1 << 30, seed=0)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from gatehead.gate.policy import LABELS, Thresholds, decide_all
-from gatehead.runtime.cpu_setup import preloaded
+from gatehead.runtime.cpu_setup import cpu_set_up
 from gatehead.runtime.engine import SharedEngine
 from gatehead.runtime.plugin import stock_vllm
 
@@ -118,7 +118,8 @@ def dedicated_gate_probs(export_dir: str | Path, prompts: Sequence[Sequence[int]
     """Gate probabilities [n, 3] (canonical order) from stock vLLM's pooling runner on `export_dir`."""
     from vllm import LLM
 
-    with stock_vllm(), preloaded():  # stock vLLM, no gatehead code in its processes; the same CPU set-up
+    # Stock vLLM, no gatehead code in its processes; the same CPU set-up as the shared engine's.
+    with stock_vllm(), cpu_set_up(engine_args.get("tensor_parallel_size", 1)):
         llm = LLM(model=str(export_dir), runner="pooling", **engine_args)
     try:
         outputs = llm.classify([{"prompt_token_ids": list(p)} for p in prompts], use_tqdm=False)

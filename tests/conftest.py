@@ -52,6 +52,15 @@ T = TypeVar("T")
 # compute on one thread, as that worker does. This process keeps its own count: torch is imported
 # (and reads OMP_NUM_THREADS) before the variable is set.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+# Each xdist worker's engines in vLLM's multi-process layout (servers, tensor parallelism) compute on a share
+# of the cores of their own (runtime/cpu_setup.py: `GATEHEAD_CPU_CORES`; on 2 cores one each, the one thread
+# vLLM's own binding gives there). Left to vLLM, every engine binds its worker to core 0, so two workers'
+# engines would share it while the other core ran their schedulers' polling.
+_worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+if _worker.startswith("gw") and not ({"GATEHEAD_CPU_CORES", "VLLM_CPU_OMP_THREADS_BIND"} & set(os.environ)):
+    _cores, _workers = sorted(os.sched_getaffinity(0)), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    os.environ["GATEHEAD_CPU_CORES"] = str(_cores[int(_worker[2:]) % len(_cores)]) if _workers >= len(_cores) \
+        else ",".join(str(c) for c in _cores[int(_worker[2:])::_workers])
 # The suite reads no test split (`gatehead.demo.sealed`): this process and every one it starts.
 os.environ["GATEHEAD_SEALED"] = "closed"
 os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -29,7 +29,7 @@ from gatehead.gate.prompt import Passage
 from gatehead.runtime.dtype import resolve_dtype
 from gatehead.runtime.engine import EngineConfig, SharedEngine
 from gatehead.runtime.remote import RemoteConfig, RemoteEngine
-from gatehead.runtime.vllm_serve import serve_command
+from gatehead.runtime.vllm_serve import ServerProcess, serve_command
 from gatehead.tiny import TinyModel
 
 DOCS = [Passage("The Vale Lantern has a two-year warranty.", source="vale.md"),
@@ -97,50 +97,27 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class VllmServer:
+class VllmServer(ServerProcess):
     """`vllm serve` (vLLM's server module) on a config, in its own process group; `stock` without gatehead's
     plugin (`VLLM_PLUGINS` naming no plugin)."""
 
     def __init__(self, config: EngineConfig, workdir: Path, name: str, stock: bool = False) -> None:
         self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
         command = serve_command(config, host="127.0.0.1", port=self.port)
         self.name = command.served_model_name
         # The suite's engine layout (tests/conftest.py: the engine core inside the server's process, one thread):
         # the HTTP API, the frontend's rules and the worker are the deployed ones; it starts faster.
-        env = {**os.environ, **command.environment}
-        if stock:
-            env["VLLM_PLUGINS"] = ""
-        self.log = workdir / f"{name}.log"
-        with self.log.open("w") as log:
-            self.process = subprocess.Popen(command.module_argv(sys.executable), env=env, stdout=log,
-                                            stderr=subprocess.STDOUT, start_new_session=True)
+        super().__init__(command, f"http://127.0.0.1:{self.port}", workdir / f"{name}.log",
+                         {"VLLM_PLUGINS": ""} if stock else {})
 
     def wait(self) -> None:
-        deadline = time.monotonic() + 600  # a failure deadline beside the other worker's engines, not a bound
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, self.log.read_text()[-3000:]
-            try:
-                if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(1)
-        raise AssertionError(f"{self.url} did not start: " + self.log.read_text()[-3000:])
+        self.wait_ready(600)  # a failure deadline beside the other worker's engines, not a bound
 
     def post(self, path: str, body: dict) -> httpx.Response:
         # JSON written here, escapes kept: a lone surrogate travels as the text "\ud800", as clients send it.
         content = json.dumps({"model": self.name, **body}, ensure_ascii=True)
         return httpx.post(f"{self.url}{path}", content=content, headers={"content-type": "application/json"},
                           timeout=120)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="module")

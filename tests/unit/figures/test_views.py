@@ -27,3 +27,13 @@ def test_the_demo_turns_targets_follow_the_cpu_the_envelope_names() -> None:
     assert "<= 1.5 s on this CPU (bf16 native)" in text
     assert "suffix mode: answered turn 2.000 s (**missed**), first turn 2.25x (**missed**)" in text
     assert "| suffix mode | 0.667 s (0.600-0.733) | 2.000 s (1.800-2.200) | 4.500 s | 2.25x | 20.0 s |" in text
+
+
+def test_the_demo_turns_under_vllms_binding_are_shown_but_not_judged() -> None:
+    envelope = _turns_envelope("float32 (CPU: AVX2 without AVX-512, ...)", turn=2.0, first=1.5)
+    setups = envelope["results"]["setups"]
+    setups["suffix:vllm-binding"] = _turns_envelope("float32", turn=3.0, first=7.0)["results"]["setups"]["suffix"]
+    text = VIEWS["demo-turns"]([envelope])
+    assert "| suffix mode, vLLM's CPU binding | 1.000 s (0.900-1.100) | 3.000 s (2.700-3.300) | 7.000 s |" in text
+    targets = text.split("Targets:")[1]
+    assert "suffix mode: answered turn 2.000 s (met)" in targets and "vLLM" not in targets
