@@ -49,6 +49,11 @@ class HeldAnswer:
         """Decode tokens generated so far."""
         return len(self._last.token_ids) if self._last is not None else 0
 
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens it read from the prefix cache, as its last generation reported (0 before one came)."""
+        return (self._last.num_cached_tokens or 0) if self._last is not None else 0
+
     async def release(self) -> AsyncIterator[Any]:
         """The generations, held ones first, then as they come (the answer's error raised where it fell).
         Leaving early (a closed or cancelled reader) aborts the request."""

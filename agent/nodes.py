@@ -172,6 +172,7 @@ async def gate(state: AgentState, runtime: Runtime[AgentContext]) -> dict:
     if held is not None and result["decision"] != "answer":
         call["wasted_answer_tokens"] = await ctx.held.drop(held)
         spent["prompt_tokens"] += len(prompt.answer)
+        spent["cached_tokens"] += held.cached_tokens
         spent["completion_tokens"] = call["wasted_answer_tokens"]
     return {"gates": [call], "dropped": result["dropped"], "_timing": spent}
 
@@ -201,8 +202,8 @@ async def generate(state: AgentState, runtime: Runtime[AgentContext]) -> dict:
     said = ({"decision": "refuse", "refusal_reason": "generated"} if is_refusal(answer)
             else {"decision": "answer", "grounded": grounded(answer, prompt.passages)})
     return {"answer": answer, **said, "finish_reason": finish or "stop",
-            "_timing": {"ttft": round(first or 0.0, 6), "cached_tokens": cached, "answer_tokens": tokens,
-                        "completion_tokens": tokens, "prompt_tokens": len(prompt.answer), "held": held is not None}}
+            "_timing": {"ttft": round(first or 0.0, 6), "cached_tokens": cached, "completion_tokens": tokens,
+                        "prompt_tokens": len(prompt.answer), "held": held is not None}}
 
 
 async def refusal(state: AgentState, runtime: Runtime[AgentContext]) -> dict:

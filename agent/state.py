@@ -103,7 +103,7 @@ class TurnResult:
     queries: list[str]  # every retrieval query
     passages: list[Passage]  # those the last gate and the answer saw, in prompt order
     dropped: dict  # what the context budget left out of the last gate prompt: turn indices, passage sources
-    timings: list[dict]  # per node run, in order: node, seconds (+ ttft, cached_tokens, answer_tokens, held for
+    timings: list[dict]  # per node run, in order: node, seconds (+ ttft, cached_tokens, completion_tokens, held for
     # generate: ttft counts from the answer's submission, beside the gate where held)
     error: str = ""
     finish_reason: str = "stop"  # "length" when the answer stopped at its token budget

@@ -76,7 +76,7 @@ def one_run(dtype: str, warm_up: bool, setup: str = "suffix") -> dict:
     from gatehead.demo.base import ensure_demo_model
     from gatehead.demo.index import CORPUS, demo_store_config
     from gatehead.retrieval.ingest import open_store
-    from gatehead.runtime.cpu_setup import BIND
+    from gatehead.runtime.cpu_setup import bound_to
     from gatehead.runtime.engine import EngineConfig, SharedEngine
 
     gate, vllm_binding = setup.removesuffix(VLLM_BINDING), setup.endswith(VLLM_BINDING)
@@ -85,24 +85,17 @@ def one_run(dtype: str, warm_up: bool, setup: str = "suffix") -> dict:
     store = open_store(demo_store_config(), (CORPUS,), log=lambda m: print(m, file=sys.stderr))
     try:
         started = time.perf_counter()
-        saved = os.environ.get(BIND)
-        if vllm_binding:
-            os.environ[BIND] = "auto"
-        try:
+        with bound_to("auto" if vllm_binding else None):
             engine = SharedEngine(EngineConfig(model=model, adapter=adapter, enforce_eager=True,
                                                kv_cache_memory_bytes=256 << 20, dtype=dtype))
-        finally:
-            if saved is None:
-                os.environ.pop(BIND, None)
-            else:
-                os.environ[BIND] = saved
         try:
             figures = asyncio.run(_session(engine, store, warm_up, started))
         finally:
             engine.shutdown()
     finally:
         store.close()
-    return {"dtype": engine.config.dtype, **figures}
+    # The binding the engine's workers got: gatehead's mask, or vLLM's own (`auto`, or a caller's variable).
+    return {"dtype": engine.config.dtype, "binding": engine.cpu_set_up.binding or "vllm", **figures}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,11 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     keys = [k for k, v in runs[setups[0]][0].items() if isinstance(v, float)]
     from datetime import datetime, timezone
 
-    from gatehead.provenance import (
-        described_commit,
-        fingerprint,  # sha256 of the folders, as figures' envelopes record them
-        machine,
-    )
+    from gatehead.digest import fingerprint  # sha256 of the folders, as figures' envelopes record them
+    from gatehead.provenance import described_commit, machine
     from gatehead.runtime import cpu_setup
 
     result = {"command": " ".join(["python -m gatehead.benchmarks.demo_turns", *(argv or sys.argv[1:])]),

@@ -10,7 +10,6 @@ beside the dedicated gate engine, half the memory each, in one of two core bindi
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,15 +44,10 @@ def engine_config(bench, adapter, memory_fraction: float, policy: str = "fcfs") 
 
 def bound(cores: Sequence[int], start: Callable[[], Any]) -> Any:
     """`start()` an engine whose processes are bound to `cores` (vLLM reads the binding when it spawns them)."""
-    previous = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(str(c) for c in cores)
-    try:
+    from gatehead.runtime.cpu_setup import bound_to
+
+    with bound_to(",".join(str(c) for c in cores)):
         return start()
-    finally:
-        if previous is None:
-            os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
-        else:
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = previous
 
 
 def resident_bytes(pids: Sequence[int]) -> int:

@@ -133,7 +133,7 @@ def _turn_figures(result, seconds: float) -> dict:
     for t in result.timings:
         by_node[t["node"]] = by_node.get(t["node"], 0.0) + t["seconds"]
         if t["node"] == "generate":
-            ttft, answer_tokens = t.get("ttft"), t.get("answer_tokens", 0)
+            ttft, answer_tokens = t.get("ttft"), t.get("completion_tokens", 0)
     if result.error:
         raise RuntimeError(f"a benchmark turn failed: decision {result.decision!r}, error {result.error!r}")
     answered = result.decision == "answer" and ttft is not None

@@ -101,9 +101,12 @@ def _serve_vllm(args: argparse.Namespace) -> int:
     import sys
 
     command = _serve_command(args)
-    argv = command.module_argv(sys.executable)
-    print(f"gatehead serve-vllm: {command.shell()}", file=sys.stderr, flush=True)
-    os.execvpe(argv[0], argv, command.process_environment())
+    argv, environment = command.module_argv(sys.executable), command.process_environment()
+    added = " ".join(f"{k}={environment[k]}" for k in ("LD_PRELOAD", "VLLM_CPU_OMP_THREADS_BIND")
+                     if environment.get(k) and environment.get(k) != os.environ.get(k))
+    print(f"gatehead serve-vllm: {command.shell()}" + (f" (this machine's CPU set-up: {added})" if added else ""),
+          file=sys.stderr, flush=True)
+    os.execvpe(argv[0], argv, environment)
 
 
 def _build_tiny(args: argparse.Namespace) -> int:

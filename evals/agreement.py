@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from gatehead.gate.policy import LABELS, Thresholds, decide_all
-from gatehead.runtime.cpu_setup import cpu_set_up
+from gatehead.runtime.cpu_setup import cpu_set_up, engine_ranks
 from gatehead.runtime.engine import SharedEngine
 from gatehead.runtime.plugin import stock_vllm
 
@@ -49,7 +49,13 @@ def beyond(a: np.ndarray, b: np.ndarray, floor_a: np.ndarray, floor_b: np.ndarra
 
 
 def _dp(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per gate, the largest class |dp|; NaN where either array has no row (`fidelity_references`' `same_every`)."""
     return np.abs(a - b).max(axis=1)
+
+
+def measured(*arrays: np.ndarray) -> np.ndarray:
+    """The rows (gates) every one of `arrays` has a measurement for: a mask."""
+    return np.logical_and.reduce([np.isfinite(a).all(axis=1) for a in arrays])
 
 
 def no_further_from_fp32(candidate: np.ndarray, reference: np.ndarray, fp32: np.ndarray, same: np.ndarray,
@@ -60,8 +66,9 @@ def no_further_from_fp32(candidate: np.ndarray, reference: np.ndarray, fp32: np.
     `merged`, vs unmerged, `same`). Two independent roundings may sit on either side of fp32, so they are
     judged against fp32, never against each other. Arrays [n, 3] over the same prompts; (figure, bound) each."""
     merge, vs_fp32, reference_vs_fp32 = _dp(merged, same), _dp(candidate, fp32), _dp(reference, fp32)
-    return {f"{name} vs HF fp32, max |dp|": (float(vs_fp32.max()), float(reference_vs_fp32.max() + merge.max())),
-            f"{name} vs HF fp32, mean |dp|": (float(vs_fp32.mean()), float(reference_vs_fp32.mean() + merge.mean()))}
+    return {f"{name} vs HF fp32, max |dp|": (float(vs_fp32.max()), float(reference_vs_fp32.max() + np.nanmax(merge))),
+            f"{name} vs HF fp32, mean |dp|": (float(vs_fp32.mean()),
+                                              float(reference_vs_fp32.mean() + np.nanmean(merge)))}
 
 
 def fidelity_bounds(shared: np.ndarray, dedicated: np.ndarray, fp32: np.ndarray, same: np.ndarray,
@@ -77,29 +84,45 @@ def fidelity_bounds(shared: np.ndarray, dedicated: np.ndarray, fp32: np.ndarray,
     The dedicated engine is stock vLLM, not judged here: its own measured distance from fp32 is its
     allowance. So the two engines differ by no more than the sum of their allowances; and the shared engine
     is no further from the fp32 gate than the dedicated one, beyond the merge (`no_further_from_fp32`).
-    Arrays [n, 3] over the same prompts; max and mean over gates of the largest class |dp|.
+    Arrays [n, 3] over the same prompts; max and mean over gates of the largest class |dp|. `same` may be
+    measured on some gates only (NaN rows: `fidelity_references`' `same_every`): the allowances are then the
+    largest and mean moves over the gates it measured. A largest move over fewer gates is never larger, so the
+    max bounds are at least as strict as over every gate; the mean allowances are estimates from those gates.
     """
+    for name, probs in (("shared", shared), ("dedicated", dedicated), ("fp32", fp32), ("merged", merged)):
+        if not np.isfinite(probs).all():  # only `same` may miss gates: a NaN elsewhere is a fault, not a gap
+            raise ValueError(f"the {name} probabilities are not finite on every gate")
+    if not measured(same).any():
+        raise ValueError("the same-dtype reference measured no gate")
     allowance = np.maximum(_dp(same, fp32), _dp(merged, same))
     vs_dedicated, dedicated_vs_fp32 = _dp(shared, dedicated), _dp(dedicated, fp32)
     return {"shared vs dedicated, max |dp|": (float(vs_dedicated.max()),
-                                              float(allowance.max() + dedicated_vs_fp32.max())),
+                                              float(np.nanmax(allowance) + dedicated_vs_fp32.max())),
             "shared vs dedicated, mean |dp|": (float(vs_dedicated.mean()),
-                                               float(allowance.mean() + dedicated_vs_fp32.mean())),
+                                               float(np.nanmean(allowance) + dedicated_vs_fp32.mean())),
             **no_further_from_fp32(shared, dedicated, fp32, same, merged)}
 
 
-def fidelity_references(model, adapter, gates: Sequence[Sequence[int]], dtype: str) -> dict[str, np.ndarray]:
+def fidelity_references(model, adapter, gates: Sequence[Sequence[int]], dtype: str,
+                        same_every: int = 1) -> dict[str, np.ndarray]:
     """The HF references `fidelity_bounds` takes, for engines running `dtype`: `fp32` (the reference), `same`
     (HF bf16; in fp32, where HF is the reference itself, HF fp64, fp32's own rounding) and `merged` (HF in
-    `dtype` with the LoRA merged, as the dedicated engine holds it)."""
+    `dtype` with the LoRA merged, as the dedicated engine holds it). `same_every=2` computes `same` on every
+    second gate only (NaN rows elsewhere): HF fp64 costs twice HF fp32 on a CPU, and is the largest part of a
+    demo agreement run on a CPU without native bf16."""
     from gatehead.gate.reference import HFReference, Trunk
 
     # The unmerged gate in `dtype` records its stream at the branch layer; the merged one, whose layers below
-    # are the same weights, reads it there (bit for bit: `Trunk`), and computes k of N layers.
+    # are the same weights, reads it there (bit for bit: `Trunk`, which records where it has not), and computes
+    # k of N layers.
+    if same_every < 1:
+        raise ValueError(f"same_every must be >= 1, got {same_every}")
     trunk = Trunk()
     fp32 = HFReference(model, adapter, "float32").gate_probs(gates, trunk if dtype == "float32" else None)
-    same = HFReference(model, adapter, "float64" if dtype == "float32" else dtype).gate_probs(
-        gates, None if dtype == "float32" else trunk)
+    rows = list(range(0, len(gates), same_every))
+    same = np.full((len(gates), len(LABELS)), np.nan)
+    same[rows] = HFReference(model, adapter, "float64" if dtype == "float32" else dtype).gate_probs(
+        [gates[i] for i in rows], None if dtype == "float32" else trunk)
     merged = HFReference(model, adapter, dtype, merged=True).gate_probs(gates, trunk)
     return {"fp32": fp32, "same": same, "merged": merged}
 
@@ -119,7 +142,7 @@ def dedicated_gate_probs(export_dir: str | Path, prompts: Sequence[Sequence[int]
     from vllm import LLM
 
     # Stock vLLM, no gatehead code in its processes; the same CPU set-up as the shared engine's.
-    with stock_vllm(), cpu_set_up(engine_args.get("tensor_parallel_size", 1)):
+    with stock_vllm(), cpu_set_up(engine_ranks(engine_args)):
         llm = LLM(model=str(export_dir), runner="pooling", **engine_args)
     try:
         outputs = llm.classify([{"prompt_token_ids": list(p)} for p in prompts], use_tqdm=False)

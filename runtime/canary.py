@@ -8,9 +8,11 @@ logprobs, up to the first token the runs disagree on or whose lead over the runn
 near tie may legitimately flip with batch composition). `check` runs them again: a gate canary
 matches within `gate_tolerance` (max |dp|), a generation canary when its tokens are the same and their
 logprobs within the tolerance recorded from the runs' own spread. Generation canaries read the prefix
-cache their earlier runs filled, so a cached block that changed shows. After `unready_after`
-consecutive failed checks `healthy` is False (the server's `/readyz` answers 503); a passing check
-makes it True again. This module does not decide what to do about a sick engine beyond saying so.
+cache their earlier runs filled, so a cached block that changed shows. A failed check is run again
+soon; after `unready_after` consecutive failed checks `healthy` is False (the server's `/readyz` answers
+503), and checks return to the interval (or a poke); a passing check makes it True again. A check that
+cannot run at all (its server gone) logs its traceback once, then a line per check. This module does not
+decide what to do about a sick engine beyond saying so.
 """
 
 from __future__ import annotations
@@ -206,7 +208,8 @@ class Canaries:
         if mismatches or failed:
             self.state.failed_checks += 1
             self.state.consecutive += 1
-            self._wake.set()  # check again soon: a fault shows in consecutive checks, a fluke does not
+            if self.healthy:  # check again soon: a fault shows in consecutive checks, a fluke does not
+                self._wake.set()  # (once unready: at the interval, or when poked)
         else:
             if not self.healthy:
                 log.warning("canaries match again after %d failed checks", self.state.consecutive)
@@ -248,8 +251,13 @@ class Canaries:
                 await self.check()
             except asyncio.CancelledError:
                 raise
-            except Exception:  # noqa: BLE001 - a canary that cannot run is a failed check, not a dead watcher
-                log.exception("canary check could not run")
+            except Exception as error:  # noqa: BLE001 - a canary that cannot run is a failed check, not a dead watcher
+                if self.state.consecutive == 0 or self.state.last:  # the first of a run of such checks: the trace
+                    log.exception("canary check could not run%s", f" on {self.server}" if self.server else "")
+                else:
+                    log.error("canary check still cannot run%s (%d failed checks in a row): %s: %s",
+                              f" on {self.server}" if self.server else "", self.state.consecutive + 1,
+                              type(error).__name__, error)
                 self._counted([], failed=True)
             await asyncio.sleep(1.0)  # pokes that came during the check are served by the next one
 

@@ -21,7 +21,7 @@ from gatehead.errors import InvalidInput
 from gatehead.gate.adapter import GateAdapter
 from gatehead.gate.policy import LABELS, GateResult, Thresholds, gate_result
 from gatehead.gate.prompt import Passage, Prompt, PromptBuilder, Turn
-from gatehead.runtime.cpu_setup import cpu_set_up
+from gatehead.runtime.cpu_setup import cpu_set_up, engine_ranks
 from gatehead.runtime.dtype import dtype_reason
 from gatehead.runtime.plan import EngineConfig, EnginePlan
 from gatehead.runtime.plugin import GATE_FLAG, SUFFIX_FLAG, register, stock_vllm
@@ -138,7 +138,7 @@ class SharedEngine(EngineFront):
 
         loggers = [stat_logger_factory(self._stats)]
         # tcmalloc and Intel OpenMP for the processes vLLM spawns, and its workers' cores
-        with cpu_set_up(args.get("tensor_parallel_size", 1)) as done:
+        with cpu_set_up(engine_ranks(args)) as done:
             if self.adapter is None:
                 # A stock engine: its processes load vLLM's other plugins, not gatehead's.
                 with stock_vllm():
@@ -149,8 +149,9 @@ class SharedEngine(EngineFront):
         # Under vLLM's logger (configured by now), so that it prints with vLLM's start-up lines.
         logger = logging.getLogger("vllm.gatehead")
         logger.info("gatehead engine dtype: %s", dtype_reason(self.config.dtype))
-        if done.describe():
-            logger.info("gatehead %s for the engine's processes", done.describe())
+        self.cpu_set_up = done
+        if described := done.describe():
+            logger.info("gatehead %s for the engine's processes", described)
         return llm
 
     # ----- generation -------------------------------------------------------------------------

@@ -429,13 +429,9 @@ class RemoteEngine(EngineFront):
                  "retried_elsewhere": s.retried_elsewhere} for s in self.servers]
 
     async def stats(self) -> dict[str, float]:
-        """This client's counts, and per server: in service, requests, failures, retries sent elsewhere."""
-        out: dict[str, float] = {**self._counts, "servers": len(self.servers),
-                                 "servers_in_service": sum(s.in_service for s in self.servers)}
-        for i, s in enumerate(self.servers):
-            out.update({f"server{i}_in_service": float(s.in_service), f"server{i}_requests": s.requests,
-                        f"server{i}_failures": s.failures, f"server{i}_retried_elsewhere": s.retried_elsewhere})
-        return out
+        """This client's counts, the servers and those in service (each server's own: `server_stats`)."""
+        return {**self._counts, "servers": len(self.servers),
+                "servers_in_service": sum(s.in_service for s in self.servers)}
 
     async def aclose(self) -> None:
         await self.client.aclose()

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gatehead.runtime.cpu_setup import engine_ranks
+from gatehead.runtime.cpu_setup import environment as cpu_environment
 from gatehead.runtime.plan import EngineConfig, EnginePlan
 
 # Environment the server needs: the plugin hooks vLLM's V1 model runner (V2 is the default on GPUs with Triton).
@@ -81,21 +83,27 @@ class ServeCommand:
         model, *rest = self.flags
         return [python, "-m", SERVER_MODULE, "--model", model, *rest]
 
-    def tensor_parallel(self) -> int:
-        """The tensor-parallel size the flags ask for (1 where they do not)."""
-        size = 1
+    def engine_ranks(self) -> int | None:
+        """The local worker ranks the flags ask for (`cpu_setup.engine_ranks`: None for data parallelism)."""
+        short = {"tp": "tensor_parallel_size", "pp": "pipeline_parallel_size", "dp": "data_parallel_size",
+                 "pcp": "prefill_context_parallel_size"}
+        sizes: dict[str, str] = {}
         for i, flag in enumerate(self.flags):
-            name, _, value = flag.partition("=")
-            if name in ("--tensor-parallel-size", "-tp"):
-                size = int(value or self.flags[i + 1])
-        return size
+            name, equals, value = flag.partition("=")
+            if not name.startswith("-"):
+                continue
+            key = name.lstrip("-").replace("-", "_")
+            key = short.get(key, key)
+            if key in short.values():
+                value = value if equals else (self.flags[i + 1] if i + 1 < len(self.flags) else "")
+                if value.isdigit():
+                    sizes[key] = value
+        return engine_ranks(sizes)
 
     def process_environment(self) -> dict[str, str]:
         """The environment to start the server with on this machine: this process's, the plugin's, and the CPU
         set-up gatehead's own engines get (`runtime/cpu_setup.py`: preloads and the workers' cores)."""
-        from gatehead.runtime.cpu_setup import environment
-
-        return {**os.environ, **self.environment, **environment(self.tensor_parallel())}
+        return {**os.environ, **self.environment, **cpu_environment(self.engine_ranks())}
 
 
 class ServerProcess:
@@ -127,17 +135,21 @@ class ServerProcess:
             time.sleep(1)
 
     def log_tail(self, chars: int = 3000) -> str:
+        """The end of the server's output."""
         return self.log.read_text(errors="replace")[-chars:]
 
     def stop(self, grace: float = 30) -> None:
-        """SIGTERM to the process group, SIGKILL after `grace` seconds."""
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(grace)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(10)
+        """SIGTERM to the process group, SIGKILL after `grace` seconds (a group already gone is stopped)."""
+        try:
+            if self.process.poll() is None:
+                os.killpg(self.process.pid, signal.SIGTERM)
+                try:
+                    self.process.wait(grace)
+                except subprocess.TimeoutExpired:
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                    self.process.wait(10)
+        except ProcessLookupError:
+            pass
 
 
 def serve_command(config: EngineConfig, *, host: str | None = None, port: int | None = None,

@@ -242,3 +242,29 @@ def test_the_unit_tier_mirrors_the_package_folders() -> None:
     assert set(SUBPACKAGES) <= set(folders), f"no unit tests folder for {sorted(set(SUBPACKAGES) - set(folders))}"
     top = sorted(p.stem.removeprefix("test_") for p in unit.glob("test_*.py"))
     assert all((ROOT / f"{name}.py").exists() or name == "package" for name in top), top
+
+
+def test_every_name_imported_from_gatehead_exists() -> None:
+    """Imports inside functions run only when called: a name moved to another module (as `fingerprint` once
+    moved from provenance to digest, breaking a benchmark at its very end) is caught here, for every file."""
+    wanted: set[tuple[str, str]] = set()
+    for path in python_files():
+        if "tests" in path.relative_to(ROOT).parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("gatehead"):
+                wanted |= {(node.module, a.name) for a in node.names if a.name != "*"}
+    check = ("import importlib, json, sys\n"
+             "missing = []\n"
+             "for module, name in json.loads(sys.argv[1]):\n"
+             "    found = importlib.import_module(module)\n"
+             "    if not hasattr(found, name):\n"
+             "        try:\n"
+             "            importlib.import_module(f'{module}.{name}')\n"
+             "        except ModuleNotFoundError:\n"
+             "            missing.append(f'from {module} import {name}')\n"
+             "print(json.dumps(missing))\n")
+    result = subprocess.run([sys.executable, "-c", check, json.dumps(sorted(wanted))], capture_output=True,
+                            text=True, cwd=ROOT.parent)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == []

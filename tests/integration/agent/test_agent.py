@@ -67,7 +67,7 @@ def test_answer_route_reuses_the_gate_prefill(agent, loop) -> None:
     # Everything but the last partial block of the answer prompt came from the gate's prefill.
     assert generate["prompt_tokens"] - 32 < generate["cached_tokens"] <= generate["prompt_tokens"]
     assert 0 < generate["ttft"] <= generate["seconds"] and all(t["seconds"] >= 0 for t in result.timings)
-    assert 1 <= generate["answer_tokens"] <= agent.config.max_answer_tokens
+    assert 1 <= generate["completion_tokens"] <= agent.config.max_answer_tokens
 
 
 def test_an_answer_cut_at_its_budget_says_length_and_the_salt_is_never_checkpointed(agent, saver, loop) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gatehead.evals.agreement import Agreement, agreement, fidelity_bounds, fidelity_references
+from gatehead.evals.agreement import Agreement, agreement, fidelity_bounds, fidelity_references, measured
 from gatehead.gate.reference import HFReference
 from gatehead.runtime.dtype import resolve_dtype
 from gatehead.runtime.engine import EngineConfig, SharedEngine
@@ -95,10 +95,14 @@ def record_agreement(record_figure) -> Callable[..., dict[str, tuple[float, floa
 
     def record(prefix: str, where: str, thresholds, **probs: np.ndarray) -> dict[str, tuple[float, float]]:
         run = "bf16" if HOST_DTYPE == "bfloat16" else "fp32"
+        # `same` may be measured on some gates only (`fidelity_references`' `same_every`); nothing else may miss.
+        rows = measured(probs["same"])
         for key, label, a, b in PAIRS:
             label = FP32_LABELS.get(key, label) if run == "fp32" else label
-            record_figure(f"{prefix}/agreement/{key}", f"gate, {label} ({where})",
-                          agreement(probs[a], probs[b], thresholds))
+            on = rows if "same" in (a, b) else np.ones(len(rows), dtype=bool)
+            part = "" if on.all() else f"; on {int(on.sum())} of them"
+            record_figure(f"{prefix}/agreement/{key}", f"gate, {label} ({where}{part})",
+                          agreement(probs[a][on], probs[b][on], thresholds))
         bounds = fidelity_bounds(probs["shared"], probs["dedicated"], probs["fp32"], probs["same"], probs["merged"])
         record_figure(f"{prefix}/agreement/bounds", f"gate, the {run} bounds (figure, bound)", bounds)
         return bounds

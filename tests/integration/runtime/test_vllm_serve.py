@@ -267,9 +267,10 @@ def test_a_server_that_refuses_connections_is_taken_out_and_the_request_served_b
         outcome = loop.run(engine.gate_prompt(prompt.gate))
         streamed = loop.run(_collect(engine.stream(prompt.answer, max_tokens=6, ignore_eos=True)))
     assert sum(outcome.result.probs.values()) == pytest.approx(1.0, abs=1e-5)
-    stats = loop.run(engine.stats())
-    assert stats["server0_failures"] == 1 and stats["server0_in_service"] == 0
-    assert stats["server1_retried_elsewhere"] == 1 and stats["server1_requests"] == 2
+    first, second = engine.server_stats()
+    assert first["url"] == dead and first["failures"] == 1 and not first["in_service"]
+    assert second["retried_elsewhere"] == 1 and second["requests"] == 2
+    assert loop.run(engine.stats())["servers_in_service"] == 1
     # Cumulative, the last one finished, and the same tokens and text a plain completion gives.
     lengths = [len(g.token_ids) for g in streamed]
     assert lengths == sorted(set(lengths)) and lengths[-1] == 6 and streamed[-1].finish_reason == "length"

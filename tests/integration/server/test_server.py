@@ -98,6 +98,19 @@ def server(workdir: Path):
     server.stop()
 
 
+def test_the_servers_engine_computes_on_the_cores_its_cpu_set_up_gave_it(server: Server) -> None:
+    """vLLM's own start-up lines say where it bound the worker's threads (runtime/cpu_setup.py): the cores the
+    set-up gave this xdist worker's engines (tests/conftest.py), not vLLM's default of one core per worker
+    with another kept for its scheduler."""
+    from gatehead.runtime.cpu_setup import BIND, binding, cores_of
+
+    mask = os.environ.get(BIND) or binding() or "auto"
+    log = Path(server.log.name).read_text()
+    assert f"VLLM_CPU_OMP_THREADS_BIND={mask!r}" in log, log[-3000:]
+    if mask != "auto":
+        assert f"core ids={cores_of(mask)}" in log and f"bound the worker threads to cores {mask}" in log
+
+
 def test_probes_are_open_and_every_other_route_needs_a_key(server: Server) -> None:
     assert server.client.get("/livez").json() == {"status": "alive"}
     assert server.client.get("/readyz").json() == {"status": "ready"}

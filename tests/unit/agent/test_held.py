@@ -9,6 +9,7 @@ import pytest
 
 from gatehead.agent import Agent, AgentConfig
 from gatehead.agent.prompts import NOT_FOUND, REFUSAL
+from gatehead.agent.state import as_passage
 from gatehead.testing import ScriptedStore as Store
 
 QUESTION = "How long is the Vale Lantern's warranty?"
@@ -42,7 +43,7 @@ def test_an_answer_beside_the_gate_is_what_the_sequential_turn_shows(engine) -> 
     assert (result_beside.decision, result_beside.answer, result_beside.gates) == \
         (result.decision, result.answer, result.gates)
     generate = [t for t in result_beside.timings if t["node"] == "generate"]
-    assert [g["held"] for g in generate] == [True] and generate[0]["answer_tokens"] == len(result.answer.split(" "))
+    assert [g["held"] for g in generate] == [True] and generate[0]["completion_tokens"] == len(result.answer.split(" "))
 
 
 def test_a_refused_turn_aborts_its_held_answer_and_shows_none_of_it(engine) -> None:
@@ -53,6 +54,12 @@ def test_a_refused_turn_aborts_its_held_answer_and_shows_none_of_it(engine) -> N
     assert (tokens, result.decision, result.answer) == ([], "refuse", REFUSAL)
     assert "generate" not in nodes and not result.generated
     assert result.gates[-1]["wasted_answer_tokens"] == len(e.answer.split(" "))
+    # The held answer's prompt, its share read from the prefix cache and its tokens count in the turn's usage
+    # (the scripted gate reads no cache; its answers report all but one prompt token read from it).
+    prompt = e.prompts.build(QUESTION, [as_passage(Store.DOCUMENT)], ())
+    assert result.usage["nodes"]["gate"] == {"prompt_tokens": len(prompt.gate) + len(prompt.answer),
+                                             "cached_tokens": len(prompt.answer) - 1,
+                                             "completion_tokens": len(e.answer.split(" "))}
     history = asyncio.run(agent.history("thread"))
     assert [t.text for t in history] == [QUESTION, REFUSAL]  # nothing of the held answer is stored
 

@@ -40,7 +40,7 @@ def test_answer(engine) -> None:
     assert [c for c, _ in e.calls] == ["gate", "stream"]
     assert all(kw["cache_salt"] == "tenant" for _, kw in e.calls)  # every engine call keeps the tenant's salt
     generate = next(t for t in result.timings if t["node"] == "generate")
-    assert generate["prompt_tokens"] > 0 and generate["answer_tokens"] == len(e.answer.split(" "))
+    assert generate["prompt_tokens"] > 0 and generate["completion_tokens"] == len(e.answer.split(" "))
 
 
 def test_refuse(engine) -> None:
