@@ -67,32 +67,42 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # `make test` runs the suite on two pytest-xdist workers (`-n 2`): an engine computes on one core, and a
 # serial run leaves the other mostly idle. A worker takes a module whole, so its module fixtures
-# (servers, engines) start once, and the modules on the demo model's session engines and references
-# (DEMO_MODULES) run on one worker together, so those start once too. (Workers start after this file
-# set OMP_NUM_THREADS: their HF references compute on one thread each.)
-DEMO_FIXTURES = frozenset({"demo_shared", "demo_stock", "demo_gates", "demo_references"})
-DEMO_MODULES = frozenset(f"tests/integration/{module}.py" for module in (
-    "agent/test_agent", "agent/test_readme_example", "runtime/test_canary", "runtime/test_demo_fidelity",
-    "runtime/test_long_gate_batch", "runtime/test_tensor_parallel"))
+# (servers, engines) start once, and the modules on one set of session engines (SHARED_ENGINES: the demo
+# model's engines and references; the tiny suffix-mode gate in compile mode) run on one worker together, so
+# those start once too. (Workers start after this file set OMP_NUM_THREADS: their HF references compute on
+# one thread each.)
+SHARED_ENGINES: dict[str, tuple[frozenset[str], frozenset[str]]] = {
+    # unit: (its session fixtures, the modules that use them)
+    "demo-engines": (frozenset({"demo_shared", "demo_stock", "demo_gates", "demo_references"}), frozenset(
+        f"tests/integration/{module}.py" for module in (
+            "agent/test_agent", "agent/test_readme_example", "runtime/test_canary", "runtime/test_demo_fidelity",
+            "runtime/test_long_gate_batch", "runtime/test_tensor_parallel"))),
+    "compiled-suffix": (frozenset({"compiled_suffix"}), frozenset(
+        f"tests/integration/runtime/{module}.py" for module in ("test_fidelity_compile", "test_suffix_gate"))),
+}
+UNIT_OF = {module: unit for unit, (_, modules) in SHARED_ENGINES.items() for module in modules}
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    on_demo = {item.path.relative_to(config.rootpath).as_posix() for item in items
-               if DEMO_FIXTURES & set(getattr(item, "fixturenames", ()))}
-    if on_demo - DEMO_MODULES:
-        raise pytest.UsageError(f"{sorted(on_demo - DEMO_MODULES)} use the demo engines: add them to DEMO_MODULES "
-                                f"in tests/conftest.py, so that xdist runs them on the worker that holds those engines")
+    for unit, (fixtures, modules) in SHARED_ENGINES.items():
+        using = {item.path.relative_to(config.rootpath).as_posix() for item in items
+                 if fixtures & set(getattr(item, "fixturenames", ()))}
+        if using - modules:
+            raise pytest.UsageError(f"{sorted(using - modules)} use the {unit} unit's session fixtures: add them to "
+                                    f"SHARED_ENGINES in tests/conftest.py, so that xdist runs them on the worker "
+                                    f"that holds those engines")
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """Work units of whole modules, and one unit for DEMO_MODULES (pytest 9 ignores xdist_group marks)."""
+    """Work units of whole modules, and one unit for each SHARED_ENGINES group (pytest 9 ignores xdist_group
+    marks)."""
     from xdist.scheduler import LoadScopeScheduling
 
     class ByModule(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
-            return "demo-engines" if module in DEMO_MODULES else module
+            return UNIT_OF.get(module, module)
 
     return ByModule(config, log)
 

@@ -56,6 +56,25 @@ def engines(tiny: TinyModel) -> Iterator[Callable[..., SharedEngine]]:
         engine.shutdown()
 
 
+@pytest.fixture(scope="session")
+def compiled_suffix(tiny_suffix: TinyModel) -> Iterator[Callable[..., SharedEngine]]:
+    """`compiled_suffix(dtype="auto")`: the suffix-mode tiny gate on `tiny`'s base in compile mode, one engine
+    per dtype it resolves to, started once for test_fidelity_compile.py (dtype auto, beside stock vLLM) and
+    test_suffix_gate.py (fp32, against its reference): on an fp32 host one engine serves both, a compile-mode
+    start (about 80 s on an AVX2 core) saved. The two modules run on one worker (tests/conftest.py)."""
+    made: dict[str, SharedEngine] = {}
+
+    def engine(dtype: str = "auto") -> SharedEngine:
+        resolved = resolve_dtype(dtype)
+        if resolved not in made:
+            made[resolved] = SharedEngine(engine_config(tiny_suffix, dtype=resolved, enforce_eager=False))
+        return made[resolved]
+
+    yield engine
+    for started_engine in made.values():
+        started_engine.shutdown()
+
+
 def references(model_dir, adapter_dir, gates: Sequence[Sequence[int]],
                dtype: str = HOST_DTYPE) -> dict[str, np.ndarray]:
     """`evals.agreement.fidelity_references` in the host's dtype unless told: `fp32`, `same`, `merged`."""

@@ -7,7 +7,6 @@ import pytest
 from gatehead.evals.agreement import agreement, no_further_from_fp32, shared_gate_probs
 from gatehead.evals.stability import check_stability
 from gatehead.evals.workload import synthetic_requests
-from gatehead.runtime.engine import EngineConfig, SharedEngine
 from gatehead.tiny import TinyModel
 
 
@@ -16,20 +15,10 @@ def compiled(engines):
     return engines(gate=False, enforce_eager=False), engines(enforce_eager=False)
 
 
-@pytest.fixture(scope="module")
-def compiled_suffix(tiny_suffix: TinyModel):
-    """A suffix-mode gate on `tiny`'s base in compile mode (its own engine: the module's `engines` are tiny's)."""
-    engine = SharedEngine(EngineConfig(model=tiny_suffix.model_dir, adapter=tiny_suffix.adapter_dir,
-                                       kv_cache_memory_bytes=128 << 20, enforce_eager=False, block_size=32,
-                                       max_model_len=1024))
-    yield engine
-    engine.shutdown()
-
-
 @pytest.mark.parametrize("mixed", [False, True, "suffix"], ids=["plain", "mixed", "mixed-suffix-mode"])
 def test_stability_compiled(compiled, compiled_suffix, loop, record_figure, mixed: bool | str) -> None:
     stock, shared = compiled
-    shared = compiled_suffix if mixed == "suffix" else shared
+    shared = compiled_suffix() if mixed == "suffix" else shared  # the suffix-mode gate on tiny's base
     built = [shared.prompts.build(r.question, r.passages, r.conversation) for r in synthetic_requests(64, seed=1)]
     gates = [shared.prompts.build(r.question, r.passages).gate for r in synthetic_requests(64, seed=2)] if mixed else []
     result = loop.run(check_stability(stock, shared, [b.answer for b in built], 128, gates))

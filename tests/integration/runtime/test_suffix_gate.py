@@ -219,8 +219,8 @@ def test_a_suffix_gate_engine_refuses_an_unreadable_kv_cache_at_start(tiny_suffi
         SharedEngine(engine_config(tiny_suffix, extra={"kv_offloading_size": 1.0}))
 
 
-def test_compile_mode_suffix_gate_matches_its_reference_beside_generations(suffix_engines, loop, tiny_suffix) -> None:
-    compiled = suffix_engines(dtype="float32", enforce_eager=False)
+def test_compile_mode_suffix_gate_matches_its_reference_beside_generations(compiled_suffix, loop, tiny_suffix) -> None:
+    compiled = compiled_suffix("float32")
     gates = synthetic_prompts(compiled.prompts, 32, 9)
     answers = [compiled.prompts.build(r.question, r.passages).answer for r in synthetic_requests(16, seed=10)]
     mixed = loop.run(shared_gate_probs(compiled, gates, answers))
