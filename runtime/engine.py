@@ -129,10 +129,14 @@ class SharedEngine(EngineFront):
         # several steps (its runner rewinds the request's generator offset, which CPU generators lack).
         self.seeded_sampling = not current_platform.is_cpu()
         self._stats = EngineStats()
-        self.llm = self._start(plan.args)
+        self._start(plan.args)
 
-    def _start(self, args: dict[str, Any]) -> Any:
-        """vLLM's AsyncLLM on `args`: gatehead's plugin in its processes where there is a gate, else stock."""
+    def _start(self, args: dict[str, Any]) -> None:
+        """`self.llm`: vLLM's AsyncLLM on `args`, gatehead's plugin in its processes where there is a gate, else
+        stock. Never a local here: a module vLLM imports on its first import (its audio decoder's) keeps the
+        traceback of a failed optional import, and with it the frames that imported vLLM, this one among them;
+        an AsyncLLM in its locals outlived `shutdown` until interpreter exit, where its __del__ shut down again
+        and failed ("Exception ignored in AsyncLLM.__del__")."""
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -142,17 +146,16 @@ class SharedEngine(EngineFront):
             if self.adapter is None:
                 # A stock engine: its processes load vLLM's other plugins, not gatehead's.
                 with stock_vllm():
-                    llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), stat_loggers=loggers)
+                    self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), stat_loggers=loggers)
             else:
                 register()  # in this process too: its plugins may have been loaded inside `stock_vllm()`
-                llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), stat_loggers=loggers)
+                self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args), stat_loggers=loggers)
         # Under vLLM's logger (configured by now), so that it prints with vLLM's start-up lines.
         logger = logging.getLogger("vllm.gatehead")
         logger.info("gatehead engine dtype: %s", dtype_reason(self.config.dtype))
         self.cpu_set_up = done
         if described := done.describe():
             logger.info("gatehead %s for the engine's processes", described)
-        return llm
 
     # ----- generation -------------------------------------------------------------------------
 
