@@ -67,8 +67,10 @@ RANDOM = (("model", f"{RANDOM_DIR}/model"), ("adapter", f"{RANDOM_DIR}/adapter")
 # The fidelity figures are measured by the tests that judge them: with GATEHEAD_FIGURES_FILE set, their
 # `record_figure` fixture (tests/conftest.py) writes each figure and each test's outcome there.
 FIGURES_ENV = {"GATEHEAD_FIGURES_FILE": "{out}"}
-# The fidelity figures take HF fp64 on every demo gate (the suite, on an fp32 host, on every second: tests/conftest.py).
-FIDELITY_ENV = {**SUITE_LAYOUT, **FIGURES_ENV, "GATEHEAD_DEMO_FP64_EVERY": "1"}
+# The fidelity figures take 256 demo gates and HF fp64 on every one (the suite, on an fp32 host, 128 gates and HF fp64
+# on every second: tests/conftest.py).
+FIDELITY_ENV = {**SUITE_LAYOUT, **FIGURES_ENV, "GATEHEAD_DEMO_GATES": "256",
+                "GATEHEAD_DEMO_FP64_EVERY": "1"}
 FIDELITY_TESTS = ("tests/integration/runtime/test_fidelity.py", "tests/integration/runtime/test_fidelity_compile.py",
                   "tests/integration/runtime/test_chunking.py", "tests/integration/runtime/test_demo_fidelity.py",
                   "tests/integration/runtime/test_tensor_parallel.py")

@@ -171,9 +171,10 @@ def test_eval_agreement_on_the_tiny_model(tiny: TinyModel, tmp_path: Path) -> No
            f"{report['max_dp_beyond_merge']:.4f}" in (tmp_path / "a" / "report.md").read_text()
     assert all(p["n"] == 24 for p in pairs.values())
     assert bounds["shared vs dedicated, max |dp|"]["figure"] == pytest.approx(pairs["shared vs dedicated"]["max_dp"])
+    # At the max, the shared engine's allowance is the larger of HF's noise and the dedicated engine's stray.
     allowance = max(pairs[f"{same} vs HF fp32"]["max_dp"], pairs[merge]["max_dp"])
-    assert bounds["shared vs dedicated, max |dp|"]["bound"] == pytest.approx(
-        allowance + pairs["dedicated vs HF fp32"]["max_dp"])
+    stray = pairs["dedicated vs HF fp32"]["max_dp"]
+    assert bounds["shared vs dedicated, max |dp|"]["bound"] == pytest.approx(max(allowance, stray) + stray)
     assert f"The test suite's {precision} checks" in (tmp_path / "a" / "report.md").read_text()
     assert not report["trained_adapter"] and report["judged_on_dp_only"]  # a random adapter: |dp| alone
 

@@ -2,9 +2,10 @@
 
 Same judging rules as `test_fidelity.py` (tiny random model), on the demo model: 16 answer requests of 64
 tokens mixed with 16 gate requests for stability (32 and 32 until 2026-12-06, when the suite ran over its
-budget on an AVX2 host; `gatehead figures --only eval-stability` runs 64 on this model), 256 gate requests
-mixed with 32 generations for agreement. The requests are the demo's held-out questions with the documents
-the real retriever returned for them.
+budget on an AVX2 host; `gatehead figures --only eval-stability` runs 64 on this model), and `demo_gates`
+(256 gate requests where bf16 is native, 128 on an fp32 host: tests/conftest.py) mixed with 32 generations for
+agreement. The requests are the demo's held-out (validation) questions with the documents the real retriever
+returned for them.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gatehead.evals.agreement import fidelity_bounds, measured
+from gatehead.evals.agreement import ROUNDINGS, fidelity_bounds, measured, no_further_from_fp32
 
 
 def _gates(n: int, rng: np.random.Generator, scale: float, around: np.ndarray) -> np.ndarray:
@@ -39,3 +39,33 @@ def test_only_the_same_dtype_reference_may_miss_gates() -> None:
         fidelity_bounds(broken, dedicated, fp32, same, merged)
     with pytest.raises(ValueError, match="measured no gate"):
         fidelity_bounds(shared, dedicated, fp32, np.full_like(same, np.nan), merged)
+
+
+def _strayed(fp32: np.ndarray, strays: np.ndarray) -> np.ndarray:
+    """`fp32` with each gate's first two classes moved by its stray (its largest class |dp| from fp32)."""
+    moved = fp32.copy()
+    moved[:, 0] += strays
+    moved[:, 1] -= strays
+    return moved
+
+
+def test_the_max_bounds_allow_two_roundings_and_the_mean_bounds_none() -> None:
+    rng = np.random.default_rng(2)
+    fp32 = rng.dirichlet((5, 5, 5), 128)
+    reference = rng.exponential(1e-7, 128)
+    reference[7] = 4e-6  # the long tail: one gate strays far
+    dedicated, merged = _strayed(fp32, reference), _strayed(fp32, rng.exponential(4e-8, 128))  # HF's noise
+    same = fp32.copy()
+
+    def checks(strays: np.ndarray) -> dict[str, bool]:
+        bounds = no_further_from_fp32(_strayed(fp32, strays), dedicated, fp32, same, merged)
+        return {name.split(", ")[1]: figure <= bound for name, (figure, bound) in bounds.items()}
+
+    # An equally good computation whose largest stray falls on another gate, 1.8 times the reference's: it holds.
+    equal = rng.permutation(reference)
+    equal[equal.argmax()] = 1.8 * reference.max()
+    equal[7] = reference.mean()
+    assert ROUNDINGS == 2 and checks(equal) == {"max |dp|": True, "mean |dp|": True}
+    # Past two roundings at one gate, or worse throughout: each fails its bound.
+    assert checks(np.where(np.arange(128) == 3, 2.2 * reference.max(), reference))["max |dp|"] is False
+    assert checks(reference * 1.5) == {"max |dp|": True, "mean |dp|": False}
