@@ -165,7 +165,7 @@ ITEMS: tuple[Item, ...] = (
     Item("bench-demo", "gatehead bench, every setup and workload, demo model", 35,
          ("{gatehead}", "bench", "--model", "demo", "--block-size", "32", "--memory-fraction", "0.2", "--out", "{out}"),
          "file", DEMO_BOTH),
-    Item("bench-demo-priority", "the answer after or beside the gate, first come or by priority, demo model", 10,
+    Item("bench-demo-priority", "the answer after or beside the gate, first come or by priority, demo model", 30,
          ("{gatehead}", "bench", "--model", "demo", "--block-size", "32", "--setups", "a_suffix", "a_overlap",
           "a_suffix_prio", "a_overlap_prio", "c0_stock", "--workloads", "single", "multi", "refuse", "--out", "{out}"),
          "file", DEMO_BOTH),
