@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from gatehead.digest import fingerprint
-from gatehead.figures.items import FIGURES_DIR, ITEMS, LEDGER, ROOT, Item, by_name
+from gatehead.figures.items import FIGURES_DIR, ITEMS, LEDGER, ROOT, Item, by_name, wrong_host
 from gatehead.figures.pages import (
     BLOCK,
     PAGES,
@@ -38,7 +38,7 @@ from gatehead.figures.views import VIEWS
 
 __all__ = ["BLOCK", "FIGURES_DIR", "ITEMS", "LEDGER", "PAGES", "ROOT", "VIEWS", "FiguresConfig", "Item", "by_name",
            "fingerprint", "fingerprints", "load_envelope", "main", "readme_problems", "render_block",
-           "rewrite_readme", "run_item", "sealed_read", "shown", "unrendered"]
+           "rewrite_readme", "run_item", "sealed_read", "shown", "unrendered", "wrong_host"]
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,10 @@ def main(config: FiguresConfig) -> int:
         for item in [i for i in items if i.cuda]:
             print(f"{item.name}: left out, it needs a CUDA GPU (--only {item.name} on one)", file=sys.stderr)
         items = [i for i in items if not i.cuda]
+    if not config.only and not config.list_only:
+        for item in [i for i in items if wrong_host(i)]:
+            print(f"{item.name}: left out: {wrong_host(item)}", file=sys.stderr)
+        items = [i for i in items if not wrong_host(i)]
     if config.list_only:
         for item in items:
             state = "  [sealed, read on this model]" if item.sealed and sealed_read(item, config.dir) else ""

@@ -36,6 +36,10 @@ class Item:
     sealed: bool = False  # reads held-out data that is read once per committed model
     limit_minutes: float = 0.0  # 0: three times the expected minutes
     cuda: bool = False  # runs on a CUDA GPU only: left out of a run of every item on a machine without one
+    # A timing whose targets differ by CPU kind: measured only on a CPU where bf16 is native (True), or only on
+    # one where it is not (False; dtype auto runs fp32 there); None: on any host. Elsewhere it is left out of a
+    # run of every item and refused by name (`wrong_host`): its sibling item measures that kind.
+    bf16: bool | None = None
     # What the command measures where the fingerprinted folder only identifies it: the demo items fingerprint
     # the committed generator (`demo/generator`) and measure the model built from it, whose fingerprint is the
     # one a reading of test data records in the ledger (`demo.sealed.unseal`). Called with `build`: whether it
@@ -74,6 +78,11 @@ FIDELITY_ENV = {**SUITE_LAYOUT, **FIGURES_ENV, "GATEHEAD_DEMO_GATES": "256",
 FIDELITY_TESTS = ("tests/integration/runtime/test_fidelity.py", "tests/integration/runtime/test_fidelity_compile.py",
                   "tests/integration/runtime/test_chunking.py", "tests/integration/runtime/test_demo_fidelity.py",
                   "tests/integration/runtime/test_tensor_parallel.py")
+
+
+# The demo's turns, timed: `benchmarks/demo_turns.py`, both gate modes, under gatehead's CPU binding and vLLM's.
+DEMO_TURNS = ("{python}", "-m", "gatehead.benchmarks.demo_turns", "--setups",
+              "suffix,prompt,suffix:vllm-binding,prompt:vllm-binding", "--out", "{out}")
 
 
 def _pytest(*paths: str) -> tuple[str, ...]:
@@ -131,11 +140,11 @@ ITEMS: tuple[Item, ...] = (
          _evaluate("test", "--adapter", "adapter", "--gate-only"), "file", DEMO, **SEALED_DEMO),
     Item("agent-ttft", "answer time to first token after the gate vs cold, demo model", 2,
          ("{python}", "-m", "gatehead.benchmarks.agent_ttft", "--block-size", "32"), "stdout", DEMO),
-    Item("demo-turns", "the demo as a user meets it: ready, first turn, gate and answered turn, both gate modes, "
-         "gatehead's CPU binding and vLLM's", 16,
-         ("{python}", "-m", "gatehead.benchmarks.demo_turns", "--setups",
-          "suffix,prompt,suffix:vllm-binding,prompt:vllm-binding", "--out", "{out}"), "file",
-         DEMO_BOTH),
+    Item("demo-turns", "the demo as a user meets it on a CPU without native bf16 (fp32; its 2.5 s target): ready, "
+         "first turn, gate and answered turn, both gate modes, gatehead's CPU binding and vLLM's", 16, DEMO_TURNS,
+         "file", DEMO_BOTH, bf16=False),
+    Item("demo-turns-bf16", "the same where bf16 is native (its 1.5 s target)", 10, DEMO_TURNS, "file", DEMO_BOTH,
+         bf16=True),
     # Every training and validation question answered greedily and sampled: over 37 minutes in fp32 on 2 AVX2 cores.
     Item("guard-rates", "the degenerate-output guard's rates and engine-fault drill, demo model", 60,
          ("{python}", "-m", "gatehead.benchmarks.guard_rates", "--out", "{out}"), "file", DEMO),
@@ -185,3 +194,16 @@ def by_name(names: Sequence[str]) -> list[Item]:
         raise ValueError(f"unknown figures item(s) {unknown}; known: {sorted(known)}")
     return [known[n] for n in names]
 
+
+
+def wrong_host(item: Item) -> str | None:
+    """Why this host does not measure `item` (an item tied to CPUs with or without native bf16), else None."""
+    if item.bf16 is None:
+        return None
+    from gatehead.runtime.dtype import bf16_native, cpu_bf16_path
+
+    if bf16_native() == item.bf16:
+        return None
+    sibling = [i.name for i in ITEMS if i.argv == item.argv and i.bf16 == (not item.bf16)]
+    return (f"{item.name} is measured on a CPU {'with' if item.bf16 else 'without'} native bf16, and this one's bf16 "
+            f"path is {cpu_bf16_path()}" + (f" ({sibling[0]} measures this kind)" if sibling else ""))

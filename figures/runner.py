@@ -20,7 +20,7 @@ from pathlib import Path
 
 from gatehead import provenance
 from gatehead.digest import fingerprint
-from gatehead.figures.items import FIGURES_DIR, FIGURES_ENV, LEDGER, ROOT, SUITE_LAYOUT, Item
+from gatehead.figures.items import FIGURES_DIR, FIGURES_ENV, LEDGER, ROOT, SUITE_LAYOUT, Item, wrong_host
 
 
 def fingerprints(item: Item, root: Path = ROOT) -> dict[str, str]:
@@ -163,7 +163,10 @@ def stop_on_signals() -> None:
 def run_item(item: Item, figures_dir: Path = FIGURES_DIR, root: Path = ROOT, reread: bool = False,
              log_dir: Path | None = None, allow_dirty: bool = False) -> dict:
     """Run one item; on success write and return its envelope. Raises RuntimeError on failure, and before
-    running on a tree with uncommitted changes unless `allow_dirty` (the envelope then records `dirty`)."""
+    running on a tree with uncommitted changes unless `allow_dirty` (the envelope then records `dirty`), and on a
+    host of another CPU kind than the item's (`Item.bf16`)."""
+    if (why := wrong_host(item)) is not None:
+        raise RuntimeError(why)
     # What `gatehead figures` itself writes (the envelopes, the ledger, its logs) is not a change to the code.
     commit, dirty = provenance.commit(root, exclude=_inside(figures_dir, root) + _inside(log_dir, root))
     if commit is None:

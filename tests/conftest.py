@@ -229,6 +229,17 @@ def demo_stock():
     yield from demo_engine(gate=False)
 
 
+def env_count(name: str, default: int) -> int:
+    """A positive whole number from the environment, `default` where unset; a value that is not one stops the
+    run with an error naming the variable (not Python's own from deep in a fixture)."""
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    if not text.strip().isdigit() or int(text) < 1:
+        raise pytest.UsageError(f"{name}={text!r}: expected a positive whole number")
+    return int(text)
+
+
 @pytest.fixture(scope="session")
 def demo_gates(demo_shared) -> list[tuple[int, ...]]:
     """Gate prompts of the first held-out (validation) demo questions with their retrieved documents: 256 where
@@ -241,7 +252,7 @@ def demo_gates(demo_shared) -> list[tuple[int, ...]]:
     and 128 gates cost half of the suite's largest test on an AVX2 host, which was over its budget."""
     from gatehead.demo.splits import held_out_examples
 
-    count = int(os.environ.get("GATEHEAD_DEMO_GATES", "256" if HOST_DTYPE == "bfloat16" else "128"))
+    count = env_count("GATEHEAD_DEMO_GATES", 256 if HOST_DTYPE == "bfloat16" else 128)
     return [demo_shared.prompts.build(e.question, e.passages, e.conversation).gate
             for e in held_out_examples()[:count]]
 
@@ -260,7 +271,7 @@ def demo_references(demo_gates) -> dict[str, Any]:
     from gatehead.testing import demo_kit
 
     model, adapter, _ = demo_kit()
-    every = int(os.environ.get("GATEHEAD_DEMO_FP64_EVERY", "2" if HOST_DTYPE == "float32" else "1"))
+    every = env_count("GATEHEAD_DEMO_FP64_EVERY", 2 if HOST_DTYPE == "float32" else 1)
     return fidelity_references(model, adapter, demo_gates, HOST_DTYPE, same_every=every)
 
 

@@ -42,18 +42,35 @@ def started(config: EngineConfig) -> Iterator[SharedEngine]:
         engine.shutdown()
 
 
+@contextmanager
+def engine_factory(config_of: Callable[..., EngineConfig]) -> Iterator[Callable[..., SharedEngine]]:
+    """`start(*args, **kwargs)` starts an engine on `config_of(*args, **kwargs)`; every engine it started is shut
+    down on leaving (the fixtures that start engines on demand, several per module or session)."""
+    made: list[SharedEngine] = []
+
+    def start(*args: Any, **kwargs: Any) -> SharedEngine:
+        made.append(SharedEngine(config_of(*args, **kwargs)))
+        return made[-1]
+
+    try:
+        yield start
+    finally:
+        for engine in made:
+            engine.shutdown()
+
+
 @pytest.fixture(scope="module")
 def engines(tiny: TinyModel) -> Iterator[Callable[..., SharedEngine]]:
     """Start engines for one test module (`engines(gate=True, **config)`); all shut down after it."""
-    made: list[SharedEngine] = []
+    with engine_factory(lambda gate=True, **overrides: engine_config(tiny, gate, **overrides)) as start:
+        yield start
 
-    def start(gate: bool = True, **overrides: Any) -> SharedEngine:
-        made.append(SharedEngine(engine_config(tiny, gate, **overrides)))
-        return made[-1]
 
-    yield start
-    for engine in made:
-        engine.shutdown()
+@pytest.fixture(scope="module")
+def suffix_engines(tiny_suffix: TinyModel) -> Iterator[Callable[..., SharedEngine]]:
+    """`engines` for the suffix-mode tiny gate (`suffix_engines(**config)`, eager); all shut down after the module."""
+    with engine_factory(lambda **overrides: engine_config(tiny_suffix, **overrides)) as start:
+        yield start
 
 
 @pytest.fixture(scope="session")
@@ -63,16 +80,14 @@ def compiled_suffix(tiny_suffix: TinyModel) -> Iterator[Callable[..., SharedEngi
     test_suffix_gate.py (fp32, against its reference): on an fp32 host one engine serves both, a compile-mode
     start (about 80 s on an AVX2 core) saved. The two modules run on one worker (tests/conftest.py)."""
     made: dict[str, SharedEngine] = {}
+    with engine_factory(lambda dtype: engine_config(tiny_suffix, dtype=dtype, enforce_eager=False)) as start:
+        def engine(dtype: str = "auto") -> SharedEngine:
+            resolved = resolve_dtype(dtype)
+            if resolved not in made:
+                made[resolved] = start(resolved)
+            return made[resolved]
 
-    def engine(dtype: str = "auto") -> SharedEngine:
-        resolved = resolve_dtype(dtype)
-        if resolved not in made:
-            made[resolved] = SharedEngine(engine_config(tiny_suffix, dtype=resolved, enforce_eager=False))
-        return made[resolved]
-
-    yield engine
-    for started_engine in made.values():
-        started_engine.shutdown()
+        yield engine
 
 
 def references(model_dir, adapter_dir, gates: Sequence[Sequence[int]],

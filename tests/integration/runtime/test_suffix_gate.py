@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -16,32 +15,11 @@ from gatehead.evals.workload import synthetic_prompts, synthetic_requests
 from gatehead.gate.reference import HFReference
 from gatehead.runtime.canary import Canaries, CanaryConfig, GateRecord
 from gatehead.runtime.dtype import resolve_dtype
-from gatehead.runtime.engine import EngineConfig, SharedEngine
-from gatehead.tiny import TinyModel
+from gatehead.runtime.engine import SharedEngine
 
 SUFFIX_LENGTH = 3  # tiny_suffix's (tests/conftest.py)
 HOST_DTYPE = resolve_dtype("auto")
 BLOCK = 32
-
-
-def engine_config(tiny: TinyModel, **overrides) -> EngineConfig:
-    """The runtime tests' engine shape (tests/integration/runtime/conftest.py): the host's dtype, 1k context,
-    32-token blocks."""
-    return EngineConfig(**{**dict(model=tiny.model_dir, adapter=tiny.adapter_dir, kv_cache_memory_bytes=128 << 20,
-                                  enforce_eager=True, block_size=BLOCK, max_model_len=1024), **overrides})
-
-
-@pytest.fixture(scope="module")
-def suffix_engines(tiny_suffix: TinyModel) -> Iterator:
-    made: list[SharedEngine] = []
-
-    def start(**overrides) -> SharedEngine:
-        made.append(SharedEngine(engine_config(tiny_suffix, **overrides)))
-        return made[-1]
-
-    yield start
-    for engine in made:
-        engine.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -202,9 +180,9 @@ def test_the_prefix_cache_read_stops_before_the_suffix_and_is_reported(host, loo
     assert after.result.probs == pytest.approx(first.result.probs, abs=1e-3)
 
 
-def test_a_suffix_gate_engine_refuses_an_unreadable_kv_cache_at_start(tiny_suffix) -> None:
+def test_a_suffix_gate_engine_refuses_an_unreadable_kv_cache_at_start(suffix_engines) -> None:
     with pytest.raises(ValueError, match="'vec16' KV layout"):  # 16-token blocks select vLLM's vec16 CPU layout
-        SharedEngine(engine_config(tiny_suffix, block_size=16))
+        suffix_engines(block_size=16)
     # An FP8 cache at vLLM's default block size, refused before any process starts, naming the fix: by
     # gatehead's layout check where vLLM runs FP8 KV on this CPU (x86 with AVX-512 or AMX), by vLLM's own
     # refusal, turned into the same kind of error, on an AVX2 CPU (gatehead's check of the layout itself is
@@ -213,10 +191,10 @@ def test_a_suffix_gate_engine_refuses_an_unreadable_kv_cache_at_start(tiny_suffi
 
     avx512 = torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported()
     with pytest.raises(ValueError, match="kv_cache_dtype='fp8'") as refused:
-        SharedEngine(engine_config(tiny_suffix, block_size=None, extra={"kv_cache_dtype": "fp8"}))
+        suffix_engines(block_size=None, extra={"kv_cache_dtype": "fp8"})
     assert ("is not readable" if avx512 else "FP8 KV cache on CPU requires") in str(refused.value)
     with pytest.raises(ValueError, match="kv_offloading_size would load them"):
-        SharedEngine(engine_config(tiny_suffix, extra={"kv_offloading_size": 1.0}))
+        suffix_engines(extra={"kv_offloading_size": 1.0})
 
 
 def test_compile_mode_suffix_gate_matches_its_reference_beside_generations(compiled_suffix, loop, tiny_suffix) -> None:

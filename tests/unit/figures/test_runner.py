@@ -241,3 +241,28 @@ def test_sigterm_ends_the_runner_as_an_interrupt_does() -> None:
             "try:\n    os.kill(os.getpid(), signal.SIGTERM)\nexcept SystemExit as stop:\n    print('exit', stop.code)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["exit", str(128 + 15)]
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_an_item_of_one_cpu_kind_runs_on_that_kind_only(root: Path, tmp_path: Path, monkeypatch, capsys,
+                                                        native: bool) -> None:
+    """The demo's turn timings have a target per kind (bf16 native or not): each item measures its own kind,
+    refuses the other by name, and a run of every item leaves it out there."""
+    from gatehead.runtime import dtype
+
+    monkeypatch.setattr(dtype, "cpu_kind", lambda: "avx512_bf16" if native else "avx2")
+    mine, other = item(bf16=native), item(name="toy-other", bf16=not native)
+    assert figures.wrong_host(mine) is None and figures.wrong_host(item()) is None
+    assert run_item(mine, tmp_path / "figs", root)["results"]["accuracy"] == 0.5
+    with pytest.raises(RuntimeError, match=f"{'without' if native else 'with'} native bf16, and this one's bf16 path "
+                                           f"is {'AVX-512 BF16' if native else 'emulated'}"):
+        run_item(other, tmp_path / "figs", root)
+    assert not (tmp_path / "figs" / "toy-other.json").exists()
+    turns = {i.bf16: i for i in figures.ITEMS if i.name.startswith("demo-turns")}
+    assert turns[True].argv == turns[False].argv
+    assert f"({turns[native].name} measures this kind)" in figures.wrong_host(turns[not native])
+    monkeypatch.setattr(figures, "ITEMS", (mine, other))
+    ran: list[str] = []
+    monkeypatch.setattr(figures, "run_item", lambda i, *a, **k: ran.append(i.name) or {"seconds": 0.0})
+    assert figures.main(figures.FiguresConfig(dir=tmp_path / "figs")) == 0
+    assert ran == ["toy"] and "toy-other: left out: toy-other is measured on a CPU" in capsys.readouterr().err
