@@ -10,20 +10,26 @@ def _bench_view(envelopes: list[dict]) -> str:
     from gatehead.benchmarks.bench_report import merge, readme_tables
 
     if len(envelopes) == 1:
-        return readme_tables(envelopes[0]["results"])
+        return readme_tables(_as_shown(envelopes[0]))
     for e in envelopes[1:]:
         if (e["commit"], e["fingerprints"]) != (envelopes[0]["commit"], envelopes[0]["fingerprints"]):
             raise ValueError(f"{e['item']} measured {e['commit'][:7]} {e['fingerprints']}, {envelopes[0]['item']} "
                              f"{envelopes[0]['commit'][:7]} {envelopes[0]['fingerprints']}: one bench's parts "
                              "measure one commit and model")
-    return readme_tables(merge([e["results"] for e in envelopes]))
+    return readme_tables(merge([_as_shown(e) for e in envelopes]))
+
+
+def _as_shown(e: dict) -> dict:
+    """A bench envelope's results with the command as the envelope shows it (its own names the run's temporary
+    output file)."""
+    return {**e["results"], "command": e["command"]}
 
 
 def _threads_view(envelopes: list[dict]) -> str:
     from gatehead.benchmarks.bench_report import threads_table
 
     [e] = envelopes
-    results = e["results"]
+    results = _as_shown(e)
     return f"`{results['command']}`, {results['date'][:10]}:\n\n" + threads_table(results)
 
 

@@ -165,7 +165,7 @@ def test_runs_over_other_workloads_merge_into_the_whole_runs_figures() -> None:
     assert merged["setups"] == spread(whole["runs"])
     assert merged["ratios"] == spread([ratios(r) for r in whole["runs"]])
     assert merged["targets"] == targets({**whole, "ratios": merged["ratios"]})
-    assert len(merged["targets"]) == 4 and merged["seconds"] == 40.0
+    assert set(merged["targets"]) == set(whole["targets"]) and merged["seconds"] == 40.0  # every target, judged
     assert merged["config"]["workloads"] == ["memory", "multi", "prefix", "refuse", "single"]
     with pytest.raises(ValueError, match="measured by more than one"):
         merge([parts[0], parts[0]])

@@ -20,6 +20,8 @@ def test_every_pages_figure_blocks_match_their_envelopes() -> None:
                                                     "gpu-branch")} <= sources
     for page, text in texts.items():
         assert readme_problems(text) == [], page
+        # A block shows the command as a person types it, never a run's temporary files.
+        assert not [m["source"] for m in BLOCK.finditer(text) if "/tmp/" in m["body"]], page
 
 
 def test_every_results_file_is_rendered_or_named_by_a_page() -> None:
@@ -55,7 +57,8 @@ def _repo(root: Path, name: str = "bench-demo") -> dict:
             shutil.copytree(figures.ROOT / rel, root / rel)
     source = f"docs/figures/{name}.json"
     results = json.loads((figures.ROOT / source).read_text())["results"]
-    envelope = {"item": item.name, "commit": "0123456789abcdef", "dirty": False, "date": "2026-12-06T00:00:00Z",
+    envelope = {"item": item.name, "command": figures.shown(item),
+                "commit": "0123456789abcdef", "dirty": False, "date": "2026-12-06T00:00:00Z",
                 "machine": {"cpus": 2, "bf16": "emulated"}, "fingerprints": fingerprints(item, root),
                 "results": results}
     (root / "docs/figures").mkdir(parents=True, exist_ok=True)
