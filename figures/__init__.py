@@ -82,9 +82,10 @@ def main(config: FiguresConfig) -> int:
             print(f"{item.name}: left out, it needs a CUDA GPU (--only {item.name} on one)", file=sys.stderr)
         items = [i for i in items if not i.cuda]
     if not config.only and not config.list_only:
-        for item in [i for i in items if wrong_host(i)]:
-            print(f"{item.name}: left out: {wrong_host(item)}", file=sys.stderr)
-        items = [i for i in items if not wrong_host(i)]
+        why = {item.name: wrong_host(item) for item in items}
+        for name in filter(why.get, why):
+            print(f"{name}: left out: {why[name]}", file=sys.stderr)
+        items = [i for i in items if not why[i.name]]
     if config.list_only:
         for item in items:
             state = "  [sealed, read on this model]" if item.sealed and sealed_read(item, config.dir) else ""
