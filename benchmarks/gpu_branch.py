@@ -23,7 +23,7 @@ on the cached K/V and the batched branch all give the full forward's head logits
 Run by hand on a CUDA machine with torch and transformers (no vLLM): `python benchmarks/gpu_branch.py`.
 Prints one JSON object. Absolute times are this GPU's; the ratios are the point. Each time is the median
 of 5 timed repeats; `--combine A.json B.json C.json` merges separate runs into one object whose every
-number is {median, min, max} over the runs.
+number is {median, min, max} over the runs (a value every run gave alike stays a number).
 """
 
 from __future__ import annotations
@@ -285,7 +285,8 @@ def smoke(model, zero, head: torch.Tensor, device) -> dict[str, float]:
 
 
 def combine(runs: list) -> object:
-    """Runs' objects (one structure) -> that structure with each number as {median, min, max}."""
+    """Runs' objects (one structure) -> that structure with each number as {median, min, max}, except a value
+    every run gave alike (the shape, the sizes, a timing that rounded the same three times), kept as it is."""
     first = runs[0]
     if isinstance(first, dict):
         return {k: combine([r[k] for r in runs]) for k in first}

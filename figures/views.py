@@ -312,9 +312,24 @@ def _gate_modes_view(envelopes: list[dict]) -> str:
                                         *(f"{_mode(r)}: accuracy, refuse recall" for r in many)], rows))
 
 
-def _spread(m: dict, fmt: str) -> str:
-    """A median with its (min-max), as `benchmarks/gpu_branch.py --combine` writes them."""
+def _spread(m: dict | float, fmt: str) -> str:
+    """A median with its (min-max), as `benchmarks/gpu_branch.py --combine` writes them; a bare number is a
+    value every run gave alike (to the digits recorded), shown as it is."""
+    if not isinstance(m, dict):
+        return f"{m:{fmt}} (every run)"
     return f"{m['median']:{fmt}} ({m['min']:{fmt}}-{m['max']:{fmt}})"
+
+
+def _suffix_target_line(rows: list[dict]) -> str:
+    """The suffix branch's target, <= 1% of a dedicated gate's full forward, judged on the medians."""
+    def median(m) -> float:
+        return m["median"] if isinstance(m, dict) else m
+
+    def judged(key: str) -> str:
+        return ", ".join(f"{t['cached_prefix_tokens']:,} tokens {median(t[key]):.2%} "
+                         + ("(met)" if median(t[key]) <= 0.01 else "(**missed**)") for t in rows)
+    return (f"Target (suffix branch <= 1% of the dedicated full forward, medians): as a CUDA graph "
+            f"{judged('ratio_cuda_graph')}; eager {judged('ratio')}.")
 
 
 def _gpu_branch_view(envelopes: list[dict]) -> str:
@@ -346,7 +361,8 @@ def _gpu_branch_view(envelopes: list[dict]) -> str:
             f"layers, hidden {shape['hidden_size']}), k={r['k']}, LoRA r={r['lora_rank']}; medians (min-max) over "
             f"{r['runs']} runs, each the median of 5 repeats. Prompt-mode gate (the branch over every tapped row):"
             "\n\n" + prompt + "\nSuffix-mode gate after a cached prefix (ms):\n\n" + suffix
-            + "\nBatched prompt-mode branch, one pass against one after another:\n\n" + batched
+            + "\n" + _suffix_target_line(r["suffix_mode_ms"])
+            + "\n\nBatched prompt-mode branch, one pass against one after another:\n\n" + batched
             + f"\nWeights: one shared engine {w['one_shared_engine']} GiB, generation beside a dedicated gate engine "
             f"{w['two_engines']} GiB.\n")
 

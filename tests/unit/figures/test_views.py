@@ -1,7 +1,12 @@
-"""Views that judge targets say, from the envelope's own figures, which hold on the CPU it names."""
+"""Views: those that judge targets say, from the envelope's own figures, which hold on the CPU it names; the
+GPU branch's view shows what `gpu_branch --combine` writes, a value all runs gave alike included."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+from gatehead.benchmarks.gpu_branch import combine
 from gatehead.figures import VIEWS
 
 
@@ -37,3 +42,18 @@ def test_the_demo_turns_under_vllms_binding_are_shown_but_not_judged() -> None:
     assert "| suffix mode, vLLM's CPU binding | 1.000 s (0.900-1.100) | 3.000 s (2.700-3.300) | 7.000 s |" in text
     targets = text.split("Targets:")[1]
     assert "suffix mode: answered turn 2.000 s (met)" in targets and "vLLM" not in targets
+
+
+def test_the_gpu_branch_view_shows_a_timing_every_run_gave_alike() -> None:
+    envelope = json.loads((Path(__file__).parents[3] / "docs/figures/gpu-branch.json").read_text())
+    runs = [{"suffix_branch_cuda_graph": t, "ratio_cuda_graph": 0.00315, "cached_prefix_tokens": 8192}
+            for t in (3.061, 3.058, 3.072)]
+    merged = combine(runs)
+    assert merged == {"suffix_branch_cuda_graph": {"median": 3.061, "min": 3.058, "max": 3.072},
+                      "ratio_cuda_graph": 0.00315, "cached_prefix_tokens": 8192}
+    envelope["results"]["suffix_mode_ms"][-1].update(merged)
+    envelope["results"]["suffix_mode_ms"][0]["ratio_cuda_graph"] = {"median": 0.0104, "min": 0.0098, "max": 0.011}
+    text = VIEWS["gpu-branch"]([envelope])
+    *_, row = (line for line in text.splitlines() if line.startswith("| 8,192 tokens"))
+    assert row.endswith("| 3.06 (3.06-3.07) | 0.0032 (every run) |"), row
+    assert "as a CUDA graph 2,048 tokens 1.04% (**missed**), 8,192 tokens 0.32% (met);" in text
