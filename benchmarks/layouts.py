@@ -145,7 +145,7 @@ class TwoEngineLayout:
         return {"generator_kv_tokens": self.generator.kv_tokens, "gate_kv_tokens": self.dedicated.kv_tokens,
                 "gate_prefix_caching": self.dedicated.prefix_caching,
                 "rss_bytes": resident_bytes(self.generator.engine_pids() + self.dedicated.engine_pids()),
-                "dedicated_weights_bytes": checkpoint_bytes(self.export)}
+                "dedicated_weights_bytes": checkpoint_bytes(self.export, self.bench.dtype)}
 
     def shutdown(self) -> None:
         if self.generator is not None:

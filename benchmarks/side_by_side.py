@@ -387,7 +387,7 @@ def run(config: BenchConfig, log=print, on_setup=None) -> dict:
         finally:
             store.close()
     if "memory" in config.workloads:
-        base = checkpoint_bytes(config.model)
+        base = checkpoint_bytes(config.model, config.dtype)  # as the engines hold it, not as stored
         memory["weights_bytes"] = {
             "one_engine": base + memory["shared_prompt"]["plugin_bytes"].get("lora_and_head", 0),
             "two_engines": base + memory.get("two_engines", {}).get("dedicated_weights_bytes", float("nan"))}

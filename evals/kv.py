@@ -42,10 +42,13 @@ def fresh_engine_process() -> Iterator[None]:
                 os.environ[name] = value
 
 
-def checkpoint_bytes(directory: str | Path) -> int:
-    """Bytes of every tensor in a safetensors checkpoint directory."""
+def checkpoint_bytes(directory: str | Path, dtype: str | None = None) -> int:
+    """Bytes of every tensor in a safetensors checkpoint directory: as stored, or with `dtype` ('bfloat16',
+    'float32') as an engine that loads it in that dtype holds it (floating tensors at that width), so that
+    checkpoints stored in different dtypes are counted alike."""
     from safetensors import safe_open
 
+    width = {None: None, "bfloat16": 2, "float32": 4}[dtype]
     total = 0
     for path in sorted(Path(directory).glob("*.safetensors")):
         with safe_open(str(path), "pt") as f:
@@ -54,7 +57,9 @@ def checkpoint_bytes(directory: str | Path) -> int:
                 count = 1
                 for dim in sliced.get_shape():
                     count *= dim
-                total += count * _dtype_bytes(sliced.get_dtype())
+                stored = sliced.get_dtype()
+                floating = stored in ("F64", "F32", "BF16", "F16")
+                total += count * (width if width and floating else _dtype_bytes(stored))
     return total
 
 
@@ -86,10 +91,10 @@ def run_kv(config, out=None, work_dir=None):
         finally:
             engine.shutdown()
         progress.update()
-    base = checkpoint_bytes(config.model)
+    base = checkpoint_bytes(config.model, config.dtype)
     with tempfile.TemporaryDirectory(dir=work_dir) as tmp:
         dedicated = checkpoint_bytes(export_dedicated(config.model, config.adapter, Path(tmp) / "dedicated",
-                                                      dtype=config.dtype))
+                                                      dtype=config.dtype), config.dtype)
     progress.update()
     progress.close()
     one = base + plugin.get("lora_and_head", 0)
