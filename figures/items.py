@@ -146,7 +146,7 @@ ITEMS: tuple[Item, ...] = (
     Item("demo-turns-bf16", "the same where bf16 is native (its 1.5 s target)", 10, DEMO_TURNS, "file", DEMO_BOTH,
          bf16=True),
     # Every training and validation question answered greedily and sampled: over 37 minutes in fp32 on 2 AVX2 cores.
-    Item("guard-rates", "the degenerate-output guard's rates and engine-fault drill, demo model", 60,
+    Item("guard-rates", "the degenerate-output guard's rates and engine-fault drill, demo model", 30,
          ("{python}", "-m", "gatehead.benchmarks.guard_rates", "--out", "{out}"), "file", DEMO),
     Item("suffix-latency", "prompt-mode vs suffix-mode gate latency at ~1,900 tokens, demo model", 2,
          ("{python}", "-m", "gatehead.benchmarks.suffix_latency", "--out", "{out}"), "file", DEMO_BOTH),
