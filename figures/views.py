@@ -263,16 +263,23 @@ def _outcomes(e: dict) -> str:
 
 
 def _tests_view(envelopes: list[dict], prefix: str) -> str:
-    """Figures recorded by tests, keys under `prefix`: a row each, a column per envelope (a kind of bf16)."""
+    """Figures recorded by tests, keys under `prefix`: a row each, a column per envelope (a kind of bf16). A key
+    whose label differs between runs (an fp32 run compares HF fp64 where a bf16 run compares HF bf16) is a
+    row per label, each filled by the runs that measured that."""
     from gatehead.evals.run import table
 
-    keys: dict[str, str] = {}
+    rows_of: dict[tuple[str, str], None] = {}
     for e in envelopes:
         for key, figure in e["results"]["figures"].items():
             if key.startswith(prefix):
-                keys.setdefault(key, figure["label"])
-    rows = [[label] + [_figure_cell(e["results"]["figures"][key]["value"]) if key in e["results"]["figures"] else "-"
-                       for e in envelopes] for key, label in keys.items()]
+                rows_of.setdefault((key, figure["label"]))
+
+    def cell(e: dict, key: str, label: str) -> str:
+        figure = e["results"]["figures"].get(key)
+        return _figure_cell(figure["value"]) if figure and figure["label"] == label else "-"
+    order = list(dict.fromkeys(key for key, _ in rows_of))  # a key's rows together, keys as first recorded
+    rows = [[label] + [cell(e, key, label) for e in envelopes]
+            for key, label in sorted(rows_of, key=lambda row: order.index(row[0]))]
     header = "\n".join(f"- {_bf16_path(e)}: " + _measured(e) + f"; tests {_outcomes(e)}" for e in envelopes)
     return header + "\n\n" + table(["check", *(_bf16_path(e) for e in envelopes)], rows)
 

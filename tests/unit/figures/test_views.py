@@ -57,3 +57,18 @@ def test_the_gpu_branch_view_shows_a_timing_every_run_gave_alike() -> None:
     *_, row = (line for line in text.splitlines() if line.startswith("| 8,192 tokens"))
     assert row.endswith("| 3.06 (3.06-3.07) | 0.0032 (every run) |"), row
     assert "as a CUDA graph 2,048 tokens 1.04% (**missed**), 8,192 tokens 0.32% (met);" in text
+
+
+def test_a_test_figure_labelled_differently_per_run_gets_a_row_per_label() -> None:
+    def envelope(bf16: str, label: str, value: dict) -> dict:
+        return {"command": "pytest", "date": "2026-12-06T00:00:00Z", "machine": {"cpus": 2, "bf16": bf16},
+                "results": {"outcomes": {"passed": 1}, "figures": {
+                    "demo/agreement/bf16-fp32": {"label": label, "value": value},
+                    "demo/chunked": {"label": "chunked", "value": {"max_abs_dp": 0.0}}}}}
+
+    text = VIEWS["tests-demo"]([envelope("AVX-512 BF16", "gate, HF bf16 vs HF fp32", {"max_abs_dp": 0.11}),
+                                envelope("AVX2", "gate, HF fp64 vs HF fp32", {"max_abs_dp": 6.7e-06})])
+    rows = [line for line in text.splitlines() if line.startswith("| gate")]
+    assert len(rows) == 2
+    assert rows[0].startswith("| gate, HF bf16 vs HF fp32 |") and rows[0].endswith("| - |")
+    assert rows[1].startswith("| gate, HF fp64 vs HF fp32 | - |")
