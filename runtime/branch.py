@@ -188,7 +188,7 @@ class GateBranch(nn.Module):
 
     def __init__(self, layers: list[nn.Module], final_norm: nn.Module, adapter: GateAdapter,
                  device: torch.device, workspace: Workspace, attention_fp32: bool = False,
-                 prefix_keys: bool = True) -> None:
+                 prefix_keys: bool = True, max_positions: int | None = None) -> None:
         super().__init__()
         self.workspace = workspace
         self.attention_fp32 = attention_fp32
@@ -224,9 +224,10 @@ class GateBranch(nn.Module):
             rotary = layer.self_attn.rotary_emb
             if id(rotary) not in self._cos_sin_fp32 and _rotary_in_fp32(rotary, device):
                 # The model's cos/sin values (already rounded to its dtype), held in fp32: built here so
-                # `memory_bytes` counts them. vLLM shares one rotary module across layers: one copy.
+                # `memory_bytes` counts them. vLLM shares one rotary module across layers: one copy. Only
+                # the positions a request can have (`max_positions`, the engine's max_model_len).
                 name = f"cos_sin_fp32_{len(self._cos_sin_fp32)}"
-                self.register_buffer(name, rotary.cos_sin_cache.float(), persistent=False)
+                self.register_buffer(name, rotary.cos_sin_cache[:max_positions].float(), persistent=False)
                 self._cos_sin_fp32[id(rotary)] = name
 
     def _shard(self, module: str, ab: str, tensor: torch.Tensor, attn: nn.Module) -> torch.Tensor:

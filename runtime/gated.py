@@ -194,7 +194,8 @@ class GateState(nn.Module):
         workspace = Workspace(max_keys=max(max_gate_tokens, step_tokens), max_rows=max(self.max_query, step_tokens))
         self.branch = GateBranch(list(layers[adapter.branch_layer:]), model.model.norm, adapter, device, workspace,
                                  attention_fp32=_attention_in_fp32(vllm_config, layers[adapter.branch_layer]),
-                                 prefix_keys=branch_mode != "suffix-only")
+                                 prefix_keys=branch_mode != "suffix-only",
+                                 max_positions=model_config.max_model_len)
         tap = wiring.tap
         if tap != "off":  # "off" and branch=False: the stability check's diagnostic modes
             tap_norm(layers[adapter.branch_layer].input_layernorm, self.tap_buffer, perturbed=tap == "perturbed")

@@ -143,8 +143,11 @@ def test_plugin_memory_is_itemised(shared_eager: SharedEngine, stock_eager: Shar
     lora = sum(r * (i + o) for i, o, r in _lora_shapes(tiny)) * 8  # fp64 copies of A and B (on CPU)
     assert memory["lora_and_head"] == lora + 3 * hidden * 4  # + the fp32 head
     shape = TinySpec()  # the `tiny` fixture's
-    # One fp32 cos/sin cache, shared, where the model's is not fp32 already (branch.py, `_rotary_in_fp32`).
-    assert memory["rotary_fp32"] == (shape.max_position * shape.head_dim * 4 if item == 2 else 0)
+    # One fp32 cos/sin cache, shared, where the model's is not fp32 already (branch.py, `_rotary_in_fp32`), of
+    # the positions a request can have.
+    positions = min(shape.max_position, shared_eager.llm.vllm_config.model_config.max_model_len)
+    assert positions < shape.max_position  # else this would not tell the two apart
+    assert memory["rotary_fp32"] == (positions * shape.head_dim * 4 if item == 2 else 0)
     assert memory["retained_rows_bound"] == shared_eager.max_gate_tokens * 2 * hidden * item
     # The batched branch's workspace holds at least one maximal gate prompt's padded queries, keys and values.
     width = (shape.num_heads + 2 * shape.num_kv_heads) * shape.head_dim
