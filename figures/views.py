@@ -329,12 +329,9 @@ def _spread(m: dict | float, fmt: str) -> str:
 
 def _suffix_target_line(rows: list[dict]) -> str:
     """The suffix branch's target, <= 1% of a dedicated gate's full forward, judged on the medians."""
-    def median(m) -> float:
-        return m["median"] if isinstance(m, dict) else m
-
     def judged(key: str) -> str:
-        return ", ".join(f"{t['cached_prefix_tokens']:,} tokens {median(t[key]):.2%} "
-                         + ("(met)" if median(t[key]) <= 0.01 else "(**missed**)") for t in rows)
+        medians = [(t["cached_prefix_tokens"], t[key]["median"] if isinstance(t[key], dict) else t[key]) for t in rows]
+        return ", ".join(f"{n:,} tokens {m:.2%} " + ("(met)" if m <= 0.01 else "(**missed**)") for n, m in medians)
     return (f"Target (suffix branch <= 1% of the dedicated full forward, medians): as a CUDA graph "
             f"{judged('ratio_cuda_graph')}; eager {judged('ratio')}.")
 
