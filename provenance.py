@@ -116,6 +116,20 @@ def append_to_ledger(path: Path, entry: dict[str, Any]) -> None:
 
 
 def read_ledger(path: Path) -> list[dict[str, Any]]:
+    """Every entry of the ledger at `path` ([] where there is none); a line that is no JSON object is an error
+    naming it: the sealed-data rule reads the ledger, so a mangled line must not pass for an absent one."""
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    entries = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{number} is not a JSON line ({e}): mend it by hand (it starts "
+                             f"{line[:40]!r})") from e
+        if not isinstance(entry, dict):
+            raise ValueError(f"{path}:{number} is not a JSON object: mend it by hand")
+        entries.append(entry)
+    return entries
