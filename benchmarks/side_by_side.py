@@ -249,7 +249,8 @@ async def prefix_reuse(setup, engine: SharedEngine, prompts, repeats: int) -> li
 # ----- the run -------------------------------------------------------------------------------------
 
 
-def _questions(n: int, offset: int = 0) -> list[str]:
+def bench_questions(n: int, offset: int = 0) -> list[str]:
+    """`n` answerable questions of the validation split from `offset` on, one per product first."""
     from gatehead.demo.splits import held_out_examples
 
     # The validation split's: the test split is read once per model, for its figures, not as load.
@@ -275,15 +276,15 @@ async def _workloads(setup, engine: SharedEngine | None, config: BenchConfig, co
 
     agent = Agent(setup, store, agent_config)
     out: dict = {}
-    warmup = _questions(2, offset=200)
+    warmup = bench_questions(2, offset=200)
     await single_turn(agent, warmup, 2, config.answer_tokens)  # first-request costs out of the figures
-    questions = _questions(config.questions)
+    questions = bench_questions(config.questions)
     if "single" in config.workloads:
         for c in config.concurrency:
             await reset()
             out[f"single_c{c}"] = await single_turn(agent, questions, c, config.answer_tokens)
     if "multi" in config.workloads:
-        pool = _questions(config.threads * config.thread_turns, offset=config.questions)
+        pool = bench_questions(config.threads * config.thread_turns, offset=config.questions)
         threads = [pool[i * config.thread_turns:(i + 1) * config.thread_turns] for i in range(config.threads)]
         await reset()
         out["multi_turn"] = await multi_turn(agent, threads, config.answer_tokens)

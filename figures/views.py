@@ -138,6 +138,37 @@ def _suffix_latency_view(envelopes: list[dict]) -> str:
                 ["gate", "prompt tokens", "read from the cache", "median s", "spread s"], rows))
 
 
+def _turn_cost_view(envelopes: list[dict]) -> str:
+    """`benchmarks/turn_cost.py`: per turn, what each setup cost; then what a gated turn adds against (c0)."""
+    from gatehead.benchmarks.turn_cost import SETUP_NAMES, breakdown_table
+    from gatehead.evals.run import table
+
+    [e] = envelopes
+    r, rows = e["results"], []
+    for setup, levels in r["against_c0"].items():
+        for level, d in levels.items():
+            rows.append([SETUP_NAMES[setup], level[1:], _ratio(d["e2e_ratio"]), _ratio(d["wall_ratio"]),
+                         *(_signed(d[name]) for name in ("wall_ms", "more_steps_ms", "slower_steps_ms")),
+                         f"{d['branch_ms']['median']:.1f}",
+                         *(_signed(d[name], 1) for name in ("steps", "prompt_tokens_computed", "generation_tokens")),
+                         _signed(d["front_cpu_ms"])])
+    c = r["config"]
+    extra = table(["setup", "c", "e2e p50 / (c0)", "wall per turn / (c0)", "extra wall ms per turn",
+                   "from more steps", "from slower steps", "branch ms", "engine steps", "prefilled tokens",
+                   "sampled tokens", "front-end CPU ms"], rows)
+    return (_measured(e) + f"; {c['dtype']}, {c['questions']} turns per concurrency, medians over {c['runs']} runs. "
+            "Per turn:\n\n" + breakdown_table(r) + "\nWhat a gated turn adds against (c0), run by run:\n\n" + extra)
+
+
+def _ratio(figure: dict) -> str:
+    return f"{figure['median']:.2f} ({figure['min']:.2f}-{figure['max']:.2f})"
+
+
+def _signed(figure: dict, digits: int = 0) -> str:
+    value = round(figure["median"], digits)
+    return f"{value + 0.0:+,.{digits}f}"  # + 0.0: no "-0"
+
+
 def _demo_turns_view(envelopes: list[dict]) -> str:
     """`benchmarks/demo_turns.py`: the demo as a user meets it, a row per gate mode, and its turn targets."""
     from gatehead.evals.run import table
@@ -375,6 +406,7 @@ def _gpu_branch_view(envelopes: list[dict]) -> str:
 VIEWS = {"bench": _bench_view, "bench-threads": _threads_view, "demo-sets": _demo_sets_view,
          "gpu-branch": _gpu_branch_view, "gate-modes": _gate_modes_view, "evals": _evals_view,
          "threads-eval": _threads_eval_view, "agent-ttft": _ttft_view, "suffix-latency": _suffix_latency_view,
+         "turn-cost": _turn_cost_view,
          "guard-rates": _guard_view, "demo-turns": _demo_turns_view, "tests-tiny": lambda e: _tests_view(e, "tiny/"),
          "tests-demo": lambda e: _tests_view(e, "demo/"), "soak": _soak_view,
          "tests-vllm-serve": lambda e: _tests_view(e, "vllm-serve/")}

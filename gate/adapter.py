@@ -265,6 +265,8 @@ def save_gate_adapter(model: Any, spec: GateSpec, out_dir: str | Path, base_dir:
         config_path = tmp / "adapter_config.json"
         peft_config = json.loads(config_path.read_text())
         peft_config["base_model_name_or_path"] = os.path.relpath(Path(base_dir).resolve(), Path(out_dir).resolve())
+        if isinstance(peft_config.get("target_modules"), list):  # PEFT writes a set in hash order: same bytes always
+            peft_config["target_modules"] = sorted(peft_config["target_modules"])
         config_path.write_text(json.dumps(peft_config, indent=2, sort_keys=True) + "\n")
         card = tmp / "README.md"  # PEFT's model card names the base model by the path it was loaded from
         if card.exists():

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
+from safetensors import safe_open
 from torch import nn
 from torch.nn import functional as F
 
@@ -206,20 +206,27 @@ class GateBranch(nn.Module):
         # in fp64 both round to the same fp32 delta. (GPU: fp32, where fp64 is slow on most cards.)
         self.lora_dtype = torch.float64 if torch.device(device).type == "cpu" else torch.float32
         self._cos_sin_fp32: dict[int, str] = {}  # rotary module id -> its fp32 cos/sin buffer, see `_rotary`
-        weights = load_file(Path(adapter.path) / ADAPTER_WEIGHTS, device=str(device))
-        for key, tensor in weights.items():
-            match = _LORA_KEY.search(key)
-            if match is None:
-                continue
-            layer, module, ab = int(match.group(1)), match.group(2), match.group(3)
-            name = f"lora_{layer}_{module}_{ab}"
-            attn = self.layers[layer - self.first_layer].self_attn
-            self.register_buffer(name, self._shard(module, ab, tensor, attn).to(self.lora_dtype).contiguous(),
-                                 persistent=False)
-            a_name, b_name = self.lora_names.get((layer, module), ("", ""))
-            self.lora_names[(layer, module)] = (name, b_name) if ab == "A" else (a_name, name)
-        head = next(t for k, t in weights.items() if k.endswith("score.weight"))
-        self.register_buffer("head", head.float(), persistent=False)  # [3, hidden], fp32
+        # Every tensor kept is a copy (`copy=True`): safetensors hands out CPU tensors backed by a map of the file,
+        # and one kept view (an fp32 head `.float()` returns as is) kept the whole file mapped and resident,
+        # memory the KV pool is sized after.
+        with safe_open(Path(adapter.path) / ADAPTER_WEIGHTS, framework="pt", device=str(device)) as weights:
+            for key in weights.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
+                if key.endswith("score.weight"):
+                    head = weights.get_tensor(key).to(torch.float32, copy=True)  # [3, hidden]
+                    self.register_buffer("head", head, persistent=False)
+                match = _LORA_KEY.search(key)
+                if match is None:
+                    continue
+                layer, module, ab = int(match.group(1)), match.group(2), match.group(3)
+                name = f"lora_{layer}_{module}_{ab}"
+                attn = self.layers[layer - self.first_layer].self_attn
+                tensor = self._shard(module, ab, weights.get_tensor(key), attn)
+                # Held as stored, at most fp64, at least fp32, and widened to `lora_dtype` where used (exactly):
+                # held in fp64 they would double in resident memory, which the KV pool is sized after.
+                held = tensor.dtype if tensor.dtype in (torch.float32, torch.float64) else torch.float32
+                self.register_buffer(name, tensor.to(held, copy=True).contiguous(), persistent=False)
+                a_name, b_name = self.lora_names.get((layer, module), ("", ""))
+                self.lora_names[(layer, module)] = (name, b_name) if ab == "A" else (a_name, name)
         for layer in self.layers:
             rotary = layer.self_attn.rotary_emb
             if id(rotary) not in self._cos_sin_fp32 and _rotary_in_fp32(rotary, device):
@@ -248,7 +255,7 @@ class GateBranch(nn.Module):
         names = self.lora_names.get((layer, module))
         if names is None:
             return None
-        a, b = getattr(self, names[0]), getattr(self, names[1])  # in `lora_dtype`
+        a, b = (getattr(self, name).to(self.lora_dtype) for name in names)  # widened: exact
         xa = x.to(self.lora_dtype) @ a.T  # [L, r]; a partial sum over this rank's input slice when `reduce`
         if reduce and self.tp_size > 1:
             from vllm.distributed import tensor_model_parallel_all_reduce
@@ -382,11 +389,12 @@ class GateBranch(nn.Module):
         """An estimate, on the generous side, of the bytes one branch pass holds at its peak, from its
         `Workspace` bounds and the longest query a request has (`max_query`). Counted: each projection's
         output and its copies (the fused output, the fp32 part plus its LoRA delta, the concatenated
-        result) and the LoRA input and product in `lora_dtype`; the padded queries, keys and values
-        (and their fp32 copies where attention runs in fp32), one shape's unpadded copies of them, and
-        the attention output with its gathered rows; the prefix K/V decoded from the cache; the shapes'
-        masks as bools and as the float masks SDPA makes of them. torch's SDPA (flash on CPU) keeps no
-        [queries x keys] scores beyond the mask. Not measured against the allocator: an estimate."""
+        result), the LoRA input and product and one module's matrices widened to `lora_dtype`; the
+        padded queries, keys and values (and their fp32 copies where attention runs in fp32), one shape's
+        unpadded copies of them, and the attention output with its gathered rows; the prefix K/V decoded
+        from the cache; the shapes' masks as bools and as the float masks SDPA makes of them. torch's SDPA
+        (flash on CPU) keeps no [queries x keys] scores beyond the mask. Not measured against the allocator:
+        an estimate."""
         attn, mlp = self.layers[0].self_attn, self.layers[0].mlp
         size, wide = element_size, self.lora_dtype.itemsize  # activations; LoRA arithmetic
         attend = 4 if self.attention_fp32 else size
@@ -399,7 +407,9 @@ class GateBranch(nn.Module):
         q_width = attn.num_heads * attn.head_dim
         padded = keys * ((q_width + 2 * kv_width) * (size + 2 * attend) + q_width * (attend + size))
         prefix = 4 * keys * kv_width * size  # the decoded pages and their positions, keys and values
-        return rows * per_row + padded + prefix + max_query * keys * (1 + 4)
+        widened = max((sum(getattr(self, n).numel() for n in names) for names in self.lora_names.values()),
+                      default=0) * wide
+        return rows * per_row + padded + prefix + max_query * keys * (1 + 4) + widened
 
     def memory_bytes(self) -> dict[str, int]:
         """Bytes of the tensors the branch owns (the layers are the base's): the LoRA matrices and the head,

@@ -23,6 +23,10 @@ class EngineStats:
     kv_cache_usage: float = 0.0
     gate_requests: int = 0  # counted by SharedEngine
     generation_requests: int = 0
+    # Prompt tokens prefilled, not read from the prefix cache: vLLM counts them once per request, with its first
+    # token (a preempted request's recomputation is not counted again).
+    prompt_tokens_computed: int = 0
+    generation_tokens: int = 0  # tokens sampled (a gate's one token included)
 
     def snapshot(self) -> dict[str, float]:
         return asdict(self)
@@ -45,6 +49,8 @@ def stat_logger_factory(stats: EngineStats):
                 stats.prefix_cache_hits += scheduler_stats.prefix_cache_stats.hits
             if iteration_stats is not None:
                 stats.preemptions += iteration_stats.num_preempted_reqs
+                stats.prompt_tokens_computed += iteration_stats.prompt_token_stats.computed
+                stats.generation_tokens += iteration_stats.num_generation_tokens
 
         def log_engine_initialized(self) -> None:
             pass

@@ -16,6 +16,8 @@ _ENGINE = {"running": "requests running in the engine", "waiting": "requests wai
            "gate_requests": "gate requests submitted", "generation_requests": "generation requests submitted",
            "prefix_cache_hits": "prompt tokens read from the prefix cache",
            "prefix_cache_queries": "prompt tokens looked up in the prefix cache",
+           "prompt_tokens_computed": "prompt tokens prefilled, not read from the prefix cache",
+           "generation_tokens": "tokens sampled, a gate's one token included",
            "branch_ms_per_step": "mean milliseconds per step spent in the gate branch"}
 
 _SERVER = {"in_service": "1 while the server is in service, 0 once a health check or connection failed",

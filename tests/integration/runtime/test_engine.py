@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 import uuid
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -140,8 +141,11 @@ def test_plugin_memory_is_itemised(shared_eager: SharedEngine, stock_eager: Shar
     item = {"bfloat16": 2, "float32": 4}[shared_eager.config.dtype]  # bytes of the model's dtype
     budget = shared_eager.llm.vllm_config.scheduler_config.max_num_batched_tokens
     assert memory["tap_buffer"] == budget * 2 * hidden * item  # a (hidden, residual) pair per batched token
-    lora = sum(r * (i + o) for i, o, r in _lora_shapes(tiny)) * 8  # fp64 copies of A and B (on CPU)
+    lora = sum(r * (i + o) for i, o, r in _lora_shapes(tiny)) * 4  # A and B held as stored (fp32)
     assert memory["lora_and_head"] == lora + 3 * hidden * 4  # + the fp32 head
+    # Copies, every one: no tensor kept from the adapter file keeps its map (and its pages) alive.
+    mapped = Path("/proc/self/maps").read_text()  # the suite's engines run in the test process
+    assert str(tiny.adapter_dir.resolve() / "adapter_model.safetensors") not in mapped
     shape = TinySpec()  # the `tiny` fixture's
     # One fp32 cos/sin cache, shared, where the model's is not fp32 already (branch.py, `_rotary_in_fp32`), of
     # the positions a request can have.
@@ -225,12 +229,15 @@ def test_stats_count_requests_kv_and_branch_time(shared_eager: SharedEngine, sto
     items = [("How long is the warranty?", DOCS), ("Who won the match?", ()), ("Reset the router?", DOCS)]
     before = loop.run(shared_eager.stats())
 
-    async def work():
-        answer = shared_eager.prompts.build("How do I reset the router?", DOCS).answer
-        return await asyncio.gather(shared_eager.gate_many(items),
-                                    *(shared_eager.generate(answer, max_tokens=4) for _ in range(2)))
+    answer = shared_eager.prompts.build("How do I reset the router?", DOCS).answer
 
-    loop.run(work())
+    async def work():
+        out = await asyncio.gather(shared_eager.gate_many(items),
+                                   *(shared_eager.generate(answer, max_tokens=4) for _ in range(2)))
+        await asyncio.sleep(0.2)  # vLLM may record a step's stats just after handing out its outputs
+        return out
+
+    gates, *generations = loop.run(work())
     after = loop.run(shared_eager.stats())
     print(f"stats after 3 gates and 2 generations: {after}")
     assert after["gate_requests"] - before["gate_requests"] == 3
@@ -241,6 +248,12 @@ def test_stats_count_requests_kv_and_branch_time(shared_eager: SharedEngine, sto
     assert after["branch_steps"] > before["branch_steps"] and after["branch_seconds"] > before["branch_seconds"]
     assert 0 < after["branch_ms_per_step"] <= after["branch_ms_max"]
     assert "branch_steps" not in loop.run(stock_eager.stats())  # no branch, no branch figures
+    # vLLM's token counts: each gate samples its one token; prefilled, every prompt token not read from the cache.
+    sampled = after["generation_tokens"] - before["generation_tokens"]
+    assert sampled == len(gates) + sum(len(g.token_ids) for g in generations), sampled
+    computed = after["prompt_tokens_computed"] - before["prompt_tokens_computed"]
+    assert computed == (sum(g.num_prompt_tokens - g.num_cached_tokens for g in gates)
+                        + sum(len(answer) - g.num_cached_tokens for g in generations))
 
 
 @pytest.mark.parametrize("unsupported, reason", [

@@ -266,3 +266,17 @@ def test_an_item_of_one_cpu_kind_runs_on_that_kind_only(root: Path, tmp_path: Pa
     monkeypatch.setattr(figures, "run_item", lambda i, *a, **k: ran.append(i.name) or {"seconds": 0.0})
     assert figures.main(figures.FiguresConfig(dir=tmp_path / "figs")) == 0
     assert ran == ["toy"] and "toy-other: left out: toy-other is measured on a CPU" in capsys.readouterr().err
+
+
+def test_an_item_runs_with_bytecode_and_vllms_layout_unless_it_asks(monkeypatch, tmp_path: Path) -> None:
+    """Items measure as an installed package runs: bytecode kept (PYTHONDONTWRITEBYTECODE dropped), vLLM's
+    default process layout; an item that names a variable keeps it."""
+    from gatehead.figures.runner import environment
+
+    for name in ("PYTHONDONTWRITEBYTECODE", "VLLM_ENABLE_V1_MULTIPROCESSING"):
+        monkeypatch.setenv(name, "1")
+    plain = Item("x", "x", 1, ("true",), "file", ())
+    env = environment(plain, tmp_path / "out.json", tmp_path)
+    assert "PYTHONDONTWRITEBYTECODE" not in env and "VLLM_ENABLE_V1_MULTIPROCESSING" not in env
+    asking = Item("y", "y", 1, ("true",), "file", (), env={"PYTHONDONTWRITEBYTECODE": "1"})
+    assert environment(asking, tmp_path / "out.json", tmp_path)["PYTHONDONTWRITEBYTECODE"] == "1"
