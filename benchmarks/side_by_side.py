@@ -72,11 +72,7 @@ from gatehead.runtime.engine import SharedEngine
 
 PREFIX_LENGTHS = (256, 512, 1024, 2048, 4096, 8192)
 SETUPS = SETUP_NAMES
-# Qwen2.5-0.5B's layer shape (24 layers; 0.36 B parameters with the tiny tokenizer's vocabulary):
-# k=4 branch layers are 1/6 of the stack. 16k positions: 8k-token gate prompts and their answers fit.
-RANDOM_SHAPE = dict(num_layers=24, hidden_size=896, intermediate_size=4864, num_heads=14, num_kv_heads=2,
-                    head_dim=64, max_position=16384, initializer_range=0.02)
-RANDOM_SUFFIX_LENGTH = 4
+RANDOM_RECIPE = Path(__file__).with_name("random-model.json")  # the 0.36 B random model: its shape and suffix
 BINDINGS = {"split": "b_split", "shared": "b_shared"}  # (b)'s core bindings and their setups
 SPLIT_NEEDS_TWO = "(b) with --two-engine-cores split needs at least 2 cores in --cores (or give shared alone)"
 
@@ -403,20 +399,28 @@ def run(config: BenchConfig, log=print, on_setup=None) -> dict:
 
 
 def random_model(directory: Path) -> tuple[Path, Path, Path]:
-    """The 0.36 B random Qwen3 and its random prompt-mode and suffix-mode gate adapters under `directory`
-    (built once, reused; rebuilt when `RANDOM_SHAPE` changed)."""
-    from gatehead.tiny import TinySpec, build_tiny
+    """The 0.36 B random model and its random prompt-mode and suffix-mode gate adapters under `directory`: built
+    from `RANDOM_RECIPE` by `gatehead.tiny` once, and again whenever the recipe or the builder changed (the
+    folder keeps what it was built from)."""
+    import shutil
 
+    from gatehead import tiny
+    from gatehead.digest import fingerprint
+
+    recipe = json.loads(RANDOM_RECIPE.read_text())
+    wanted = {"shape": recipe["shape"], "suffix_length": recipe["suffix_length"],
+              "builder": fingerprint(Path(tiny.__file__))}
     model, adapter, suffix = directory / "model", directory / "adapter", directory / "suffix" / "adapter"
-    config = model / "config.json"
-    if not config.exists() or json.loads(config.read_text()).get("max_position_embeddings") != \
-            RANDOM_SHAPE["max_position"] or not (adapter / "gate.json").exists():
-        build_tiny(directory, TinySpec(**RANDOM_SHAPE))
-    if not (suffix / "gate.json").exists() or suffix.stat().st_mtime < config.stat().st_mtime:
-        built = build_tiny(directory / "suffix", TinySpec(**RANDOM_SHAPE, activation="suffix",
-                                                          suffix_length=RANDOM_SUFFIX_LENGTH))
-        # The same seed builds the same base: the suffix adapter is fitted to `model`, byte for byte.
-        assert (built.model_dir / "model.safetensors").read_bytes() == (model / "model.safetensors").read_bytes()
+    stamp = directory / "built-from.json"
+    if stamp.exists() and json.loads(stamp.read_text()) == wanted:
+        return model, adapter, suffix
+    shutil.rmtree(directory, ignore_errors=True)
+    tiny.build_tiny(directory, tiny.TinySpec(**recipe["shape"]))
+    built = tiny.build_tiny(directory / "suffix", tiny.TinySpec(**recipe["shape"], activation="suffix",
+                                                                suffix_length=recipe["suffix_length"]))
+    # The same seed builds the same base: the suffix adapter is fitted to `model`, byte for byte.
+    assert (built.model_dir / "model.safetensors").read_bytes() == (model / "model.safetensors").read_bytes()
+    stamp.write_text(json.dumps(wanted, indent=2) + "\n")
     return model, adapter, suffix
 
 
