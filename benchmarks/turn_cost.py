@@ -27,7 +27,6 @@ import argparse
 import asyncio
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -82,17 +81,6 @@ async def measure_setup(agent: Any, engine: Any, questions: Sequence[str], concu
     return out
 
 
-def _spread(values: Sequence[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
-
-
-def medians(runs: list[dict]) -> dict:
-    """Per setup and concurrency, each figure's median, min and max over the runs."""
-    return {setup: {level: {name: _spread([r[setup][level][name] for r in runs]) for name in figures}
-                    for level, figures in levels.items()}
-            for setup, levels in runs[0].items()}
-
-
 def added(gated: dict[str, float], stock: dict[str, float]) -> dict[str, float]:
     """What a gated turn adds against a (c0) turn of the same run: each figure's difference, the ratios, and
     the extra wall time per turn split into more steps and slower steps (the two add up to it)."""
@@ -106,19 +94,18 @@ def added(gated: dict[str, float], stock: dict[str, float]) -> dict[str, float]:
 def differences(runs: list[dict]) -> dict:
     """Per gated setup and concurrency, `added` run by run (run i of each setup against run i of (c0));
     medians (min-max) over the runs."""
-    out: dict = {}
-    for setup in SETUPS[1:]:
-        out[setup] = {}
-        for level in runs[0]["c0_stock"]:
-            rows = [added(r[setup][level], r["c0_stock"][level]) for r in runs]
-            out[setup][level] = {name: _spread([row[name] for row in rows]) for name in rows[0]}
-    return out
+    from gatehead.benchmarks.bench_report import spread
+
+    return {setup: {level: spread([added(r[setup][level], r["c0_stock"][level]) for r in runs])
+                    for level in runs[0]["c0_stock"]}
+            for setup in SETUPS[1:]}
 
 
 def run(model: str, runs: int, questions: int, concurrency: tuple[int, ...], answer_tokens: int,
         log=print) -> dict[str, Any]:
     """Both engines started once; each run measures every setup, in an order rotated by one from run to run."""
     from gatehead.agent import Agent
+    from gatehead.benchmarks.bench_report import spread
     from gatehead.benchmarks.side_by_side import BenchConfig, bench_models, bench_questions, layouts, single_turn
     from gatehead.demo.index import open_demo_store
     from gatehead.gate.adapter import load_gate_adapter
@@ -157,7 +144,7 @@ def run(model: str, runs: int, questions: int, concurrency: tuple[int, ...], ans
     return {"config": {"model": model, "runs": runs, "questions": questions, "concurrency": list(concurrency),
                        "answer_tokens": answer_tokens, "dtype": config.dtype, "block_size": config.block_size,
                        "memory_fraction": config.memory_fraction},
-            "runs": by_run, "setups": medians(by_run), "against_c0": differences(by_run)}
+            "runs": by_run, "setups": spread(by_run), "against_c0": differences(by_run)}
 
 
 def breakdown_table(result: dict) -> str:

@@ -147,7 +147,7 @@ def _turn_cost_view(envelopes: list[dict]) -> str:
     r, rows = e["results"], []
     for setup, levels in r["against_c0"].items():
         for level, d in levels.items():
-            rows.append([SETUP_NAMES[setup], level[1:], _ratio(d["e2e_ratio"]), _ratio(d["wall_ratio"]),
+            rows.append([SETUP_NAMES[setup], level[1:], _spread(d["e2e_ratio"], ".2f"), _spread(d["wall_ratio"], ".2f"),
                          *(_signed(d[name]) for name in ("wall_ms", "more_steps_ms", "slower_steps_ms")),
                          f"{d['branch_ms']['median']:.1f}",
                          *(_signed(d[name], 1) for name in ("steps", "prompt_tokens_computed", "generation_tokens")),
@@ -158,10 +158,6 @@ def _turn_cost_view(envelopes: list[dict]) -> str:
                    "sampled tokens", "front-end CPU ms"], rows)
     return (_measured(e) + f"; {c['dtype']}, {c['questions']} turns per concurrency, medians over {c['runs']} runs. "
             "Per turn:\n\n" + breakdown_table(r) + "\nWhat a gated turn adds against (c0), run by run:\n\n" + extra)
-
-
-def _ratio(figure: dict) -> str:
-    return f"{figure['median']:.2f} ({figure['min']:.2f}-{figure['max']:.2f})"
 
 
 def _signed(figure: dict, digits: int = 0) -> str:

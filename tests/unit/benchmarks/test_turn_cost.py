@@ -1,11 +1,12 @@
 """The turn breakdown's arithmetic: readings to per-turn costs, run-by-run differences against (c0) whose
-parts add up, medians over runs, and the view that renders them."""
+parts add up, and the view that renders them."""
 
 from __future__ import annotations
 
 import pytest
 
-from gatehead.benchmarks.turn_cost import COUNTERS, added, breakdown_table, differences, medians, per_turn
+from gatehead.benchmarks.bench_report import spread
+from gatehead.benchmarks.turn_cost import COUNTERS, added, breakdown_table, differences, per_turn
 from gatehead.figures import VIEWS
 
 
@@ -62,12 +63,12 @@ def test_differences_are_taken_run_by_run_against_c0() -> None:
     suffix = differences(runs)["a_suffix"]["c4"]
     assert suffix["more_steps_ms"]["median"] == pytest.approx(40.0) and suffix["steps"]["median"] == 2
     assert "c0_stock" not in differences(runs)
-    assert medians(runs)["c0_stock"]["c4"]["e2e_p50_ms"] == {"median": 1000.0, "min": 900.0, "max": 1100.0}
+    assert spread(runs)["c0_stock"]["c4"]["e2e_p50_ms"] == {"median": 1000.0, "min": 900.0, "max": 1100.0}
 
 
 def test_the_view_renders_both_tables_from_the_envelope() -> None:
     runs = _runs()
-    results = {"config": {"dtype": "bfloat16", "questions": 32, "runs": 3}, "runs": runs, "setups": medians(runs),
+    results = {"config": {"dtype": "bfloat16", "questions": 32, "runs": 3}, "runs": runs, "setups": spread(runs),
                "against_c0": differences(runs)}
     envelope = {"command": "python -m gatehead.benchmarks.turn_cost --model demo --out OUT.json",
                 "date": "2026-12-07T00:00:00Z", "machine": {"cpus": 2, "bf16": "AVX-512 BF16"}, "results": results}
