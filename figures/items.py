@@ -185,7 +185,7 @@ ITEMS: tuple[Item, ...] = (
          DEMO_BOTH),
     *BENCH_RANDOM,
     Item("turn-cost-demo", "where a gated turn's time goes against stock vLLM's: engine steps, prefill, the branch, "
-         "engine and front-end CPU per turn, demo model", 15,
+         "front-end CPU per turn, demo model", 15,
          ("{python}", "-m", "gatehead.benchmarks.turn_cost", "--model", "demo", "--out", "{out}"), "file", DEMO_BOTH),
     Item("turn-cost-random", "the same on the 0.36 B random model (its targets' model)", 45,
          ("{python}", "-m", "gatehead.benchmarks.turn_cost", "--model", "random", "--out", "{out}"), "file", RANDOM),
