@@ -31,9 +31,11 @@ to 8,192 tokens (as the context allows): the gate's latency on a cold cache and 
 cached (by answering first), and the answer's time to first token cold and after a gate, for (a),
 (a') and (d); memory (weights bytes, engine processes' resident memory, KV capacity of each engine at
 the same memory fraction, and a stock engine's).
-Every workload runs `runs` times (default 3) on each setup; every figure is reported as the median
-with the min and max over the runs, and so is every ratio (taken run by run: run i of one setup
-against run i of another, minutes apart, so a ratio's min and max are wider than its parts'). `targets` judges the
+Every workload runs `runs` times (default 3) on each setup, in rounds (`rounds`): each round starts
+every layout of engines afresh and runs each setup once, alternate rounds in reverse order, so no
+setup always runs first or beside the same neighbour. Every figure is reported as the median with the
+min and max over the runs, and so is every ratio (taken round by round: run i of one setup against
+run i of another, so a ratio's min and max are wider than its parts'). `targets` judges the
 issue's targets on the medians. Models: the demo model (`--model demo`), or a random-weight Qwen3
 large enough that compute dominates overheads (`--model random`: Qwen2.5-0.5B's layers, 0.36 B
 parameters, built on first use, with a prompt-mode and a suffix-mode random adapter). Prints tables,
@@ -296,16 +298,6 @@ async def _workloads(setup, engine: SharedEngine | None, config: BenchConfig, co
     return out
 
 
-async def _repeated(config: BenchConfig, setup, engine: SharedEngine | None, corpus, reset, store, agent_config,
-                    log, refusals: bool = False) -> list[dict]:
-    """`config.runs` runs of the workloads on one setup."""
-    out = []
-    for i in range(config.runs):
-        log(f"  run {i + 1}/{config.runs}")
-        out.append(await _workloads(setup, engine, config, corpus, reset, store, agent_config, refusals))
-    return out
-
-
 def layouts(config: BenchConfig, adapter, export: Path) -> list:
     """The engine layouts `config.setups` run on, in the order they run (`gatehead.benchmarks.layouts`)."""
     from gatehead.agent import AgentConfig
@@ -343,21 +335,33 @@ def layouts(config: BenchConfig, adapter, export: Path) -> list:
     return out
 
 
-async def _measure(layout, config: BenchConfig, corpus, store, results: dict, log, on_setup) -> dict:
-    """Every setup of a started `layout`, `config.runs` runs each; the layout's memory figures."""
-    for setup in layout.measured():
+def rounds(layouts: Sequence, runs: int) -> list[list]:
+    """The order the layouts run in, round by round: every round starts each layout afresh and runs one run of
+    each of its setups; odd rounds run the layouts, and the setups within each, in reverse. No setup always runs
+    first, on a machine that has just warmed up, or right after the same neighbour, and a ratio is taken between
+    runs of one round, minutes apart rather than an hour. A layout with no setup (started for the memory
+    workload alone) runs in the first round only."""
+    return [[x for x in (layouts if i % 2 == 0 else reversed(layouts)) if i == 0 or x.keys] for i in range(runs)]
+
+
+async def _measure(layout, config: BenchConfig, corpus, store, results: dict, log, on_setup,
+                   backwards: bool) -> dict:
+    """One run of every setup of a started `layout` (in reverse if `backwards`); the layout's memory figures."""
+    measured = list(layout.measured())
+    for setup in reversed(measured) if backwards else measured:
         log(SETUPS[setup.key])
-        results[setup.key] = await _repeated(config, setup.peer, setup.prefix_engine, corpus, layout.reset, store,
-                                             setup.agent_config, log, setup.refusals)
+        results.setdefault(setup.key, []).append(await _workloads(
+            setup.peer, setup.prefix_engine, config, corpus, layout.reset, store, setup.agent_config,
+            setup.refusals))
         if on_setup is not None:
             on_setup(results)
     return await layout.memory()
 
 
 def run(config: BenchConfig, log=print, on_setup=None) -> dict:
-    """Every setup in `config.setups`, one layout of engines after the other on this machine (see the module
-    docstring). `on_setup(results)`, if given, is called with the runs measured so far (setup -> runs) each
-    time a setup finishes, so a stopped run keeps what it measured."""
+    """Every setup in `config.setups`, its layouts of engines one after the other on this machine, `config.runs`
+    rounds of them (`rounds`). `on_setup(results)`, if given, is called with the runs measured so far (setup ->
+    runs) each time a setup finishes a run, so a stopped bench keeps what it measured."""
     from gatehead.demo.index import open_demo_store
     from gatehead.evals.kv import checkpoint_bytes
     from gatehead.gate.adapter import load_gate_adapter
@@ -374,13 +378,17 @@ def run(config: BenchConfig, log=print, on_setup=None) -> dict:
         store = open_demo_store(Path(tmp) / "qdrant", log=lambda *_: None)
         try:
             corpus = " ".join(h.text for h in store.search("warranty price weight colour", top_k=20)).split()
-            for layout in layouts(config, adapter, Path(tmp) / "dedicated"):
-                layout.start()
-                try:  # one event loop for the layout's whole life
-                    memory[layout.name] = asyncio.run(_measure(layout, config, corpus, store, results, log,
-                                                               on_setup))
-                finally:
-                    layout.shutdown()
+            for i, order in enumerate(rounds(layouts(config, adapter, Path(tmp) / "dedicated"), config.runs)):
+                log(f"round {i + 1}/{config.runs}")
+                for layout in order:
+                    layout.start()
+                    try:  # one event loop for the layout's life in this round
+                        figures = asyncio.run(_measure(layout, config, corpus, store, results, log, on_setup,
+                                                       backwards=i % 2 == 1))
+                    finally:
+                        layout.shutdown()
+                    if i == 0:  # the first round's
+                        memory[layout.name] = figures
         finally:
             store.close()
     if "memory" in config.workloads:
@@ -456,8 +464,9 @@ def bench(config: BenchConfig, model_name: str, out: Path | None = None) -> int:
     if partial is not None:
         partial.parent.mkdir(parents=True, exist_ok=True)
 
-    def keep(results: dict) -> None:  # the setups finished so far, raw runs: the tables need every setup
-        partial.write_text(json.dumps({**header, "finished": sorted(results), "runs_by_setup": results},
+    def keep(results: dict) -> None:  # the runs finished so far: the tables need every setup's
+        partial.write_text(json.dumps({**header, "runs_finished": {k: len(v) for k, v in results.items()},
+                                       "runs_by_setup": results},
                                       indent=2) + "\n")
 
     figures = run(config, on_setup=keep if partial is not None else None)

@@ -131,6 +131,21 @@ def test_the_bench_runs_each_setup_on_its_layout_of_engines_in_order(tiny) -> No
         BenchConfig(model=tiny.model_dir, adapter=tiny.adapter_dir, two_engine_cores=("both",))
 
 
+def test_rounds_start_every_layout_afresh_and_alternate_the_order() -> None:
+    from types import SimpleNamespace
+
+    from gatehead.benchmarks.side_by_side import rounds
+
+    shared, stock, memory_only, two = (SimpleNamespace(name=n, keys=k) for n, k in (
+        ("shared", ("c_ungated",)), ("stock", ("c0_stock", "d_judge")), ("prompt", ()), ("two", ("b_split",))))
+    order = rounds([shared, stock, memory_only, two], 3)
+    assert [[x.name for x in r] for r in order] == [["shared", "stock", "prompt", "two"], ["two", "stock", "shared"],
+                                                   ["shared", "stock", "two"]]
+    # Each setup runs first, or last, in some round: none always takes the machine just after a start.
+    assert {r[0].name for r in order} == {"shared", "two"}
+    assert rounds([shared], 1) == [[shared]]
+
+
 def test_the_default_setups_are_those_the_adapters_and_bindings_allow() -> None:
     from gatehead.benchmarks.side_by_side import SETUPS, default_setups
 
