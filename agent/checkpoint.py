@@ -6,6 +6,7 @@ graph checkpoints after every node, so a thread survives restarts and an interru
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 from gatehead.retrieval.config import StoreConfig
 
 THREADS_FILE = "threads.sqlite"
+MIGRATION_LOCK = int.from_bytes(b"gatehead")  # the Postgres advisory lock key the checkpointer's migrations take
 
 
 def default_checkpoint_path(store: StoreConfig) -> Path:
@@ -37,7 +39,7 @@ async def open_checkpointer(target: str | Path) -> AsyncIterator:
             raise ConnectionError(f"cannot open the Postgres checkpointer at {_redacted(str(target))}: "
                                   f"{type(exc).__name__}: {exc}") from exc
         try:
-            await saver.setup()
+            await _migrate(saver)
             yield saver
         finally:
             await manager.__aexit__(None, None, None)
@@ -50,6 +52,25 @@ async def open_checkpointer(target: str | Path) -> AsyncIterator:
     path.parent.mkdir(parents=True, exist_ok=True)
     async with AsyncSqliteSaver.from_conn_string(str(path)) as saver:
         yield saver
+
+
+async def _migrate(saver) -> None:
+    """LangGraph's migrations (`saver.setup()`), one process at a time: replicas starting together on a fresh
+    database would each apply them and all but one fail on its version table ("duplicate key value violates
+    unique constraint checkpoint_migrations_pkey"). A session advisory lock, released however setup ends, and
+    asked for by polling: a process blocked in `pg_advisory_lock` sits in an open transaction, which the holder's
+    `CREATE INDEX CONCURRENTLY` waits for (a deadlock Postgres reports)."""
+    while True:
+        async with saver.conn.cursor() as cur:
+            await cur.execute("SELECT pg_try_advisory_lock(%s) AS got", (MIGRATION_LOCK,))
+            if (await cur.fetchone())["got"]:
+                break
+        await asyncio.sleep(0.2)
+    try:
+        await saver.setup()
+    finally:
+        async with saver.conn.cursor() as cur:
+            await cur.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK,))
 
 
 def _redacted(url: str) -> str:

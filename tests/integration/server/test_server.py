@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -733,6 +734,19 @@ def test_two_replicas_share_threads_through_postgres_and_one_finishes_the_others
         tmp_path_factory) -> None:
     with loopback_postgres() as url:
         two_replicas(url, tmp_path_factory)
+
+
+def test_replicas_opening_a_fresh_database_together_each_get_a_checkpointer() -> None:
+    # Replicas start together: each applies LangGraph's migrations, one at a time (agent.checkpoint._migrate).
+    from gatehead.agent.checkpoint import open_checkpointer
+
+    async def together(url: str) -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            savers = await asyncio.gather(*(stack.enter_async_context(open_checkpointer(url)) for _ in range(6)))
+            assert all(s.conn is not None for s in savers)
+
+    with loopback_postgres() as url:
+        asyncio.run(together(url))
 
 
 def two_replicas(url: str, tmp_path_factory) -> None:
