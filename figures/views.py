@@ -6,17 +6,33 @@ from __future__ import annotations
 
 
 def _bench_view(envelopes: list[dict]) -> str:
-    """One `gatehead bench` envelope, or several of one bench split over workloads (merged: one table)."""
+    """One `gatehead bench` envelope, or several of one bench split over workloads (merged: one table). The parts
+    measure one model; they may come from several commits (five parts take longer than a working session), and
+    the table then ends with a line naming each part's commit."""
     from gatehead.benchmarks.bench_report import merge, readme_tables
 
     if len(envelopes) == 1:
         return readme_tables(_as_shown(envelopes[0]))
     for e in envelopes[1:]:
-        if (e["commit"], e["fingerprints"]) != (envelopes[0]["commit"], envelopes[0]["fingerprints"]):
-            raise ValueError(f"{e['item']} measured {e['commit'][:7]} {e['fingerprints']}, {envelopes[0]['item']} "
-                             f"{envelopes[0]['commit'][:7]} {envelopes[0]['fingerprints']}: one bench's parts "
-                             "measure one commit and model")
-    return readme_tables(merge([_as_shown(e) for e in envelopes]))
+        if e["fingerprints"] != envelopes[0]["fingerprints"]:
+            raise ValueError(f"{e['item']} measured {e['fingerprints']}, {envelopes[0]['item']} "
+                             f"{envelopes[0]['fingerprints']}: one bench's parts measure one model")
+    return readme_tables(merge([_as_shown(e) for e in envelopes])) + _commits_line(envelopes)
+
+
+def _commits_line(envelopes: list[dict]) -> str:
+    """Where a bench's parts were measured at more than one commit: which part at which, and the commands that
+    show what changed between them. No ratio spans two commits: each reads one workload of one part."""
+    at: dict[str, list[str]] = {}
+    for e in envelopes:
+        at.setdefault(e["commit"][:7], []).append(e["item"])
+    if len(at) == 1:
+        return ""
+    first, *later = at
+    parts = "; ".join(f"{', '.join(items)} at {commit}" for commit, items in at.items())
+    diffs = ", ".join(f"`git diff --stat {first} {commit} -- . ':!docs' ':!tests'`" for commit in later)
+    return (f"\n*The parts were measured at {len(at)} commits ({parts}); every ratio reads one part. What changed "
+            f"between them: {diffs}.*\n")
 
 
 def _as_shown(e: dict) -> dict:

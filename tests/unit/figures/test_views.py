@@ -72,3 +72,34 @@ def test_a_test_figure_labelled_differently_per_run_gets_a_row_per_label() -> No
     assert len(rows) == 2
     assert rows[0].startswith("| gate, HF bf16 vs HF fp32 |") and rows[0].endswith("| - |")
     assert rows[1].startswith("| gate, HF fp64 vs HF fp32 | - |")
+
+
+def test_a_benchs_parts_from_several_commits_make_one_table_that_names_each_parts_commit() -> None:
+    import pytest
+
+    from gatehead.benchmarks.bench_report import merge, readme_tables
+
+    whole = json.loads((Path(__file__).parents[3] / "docs/figures/bench-demo.json").read_text())
+    results = whole["results"]
+
+    def part(item: str, commit: str, keys: set[str], workloads: list[str], memory: bool) -> dict:
+        runs = [{setup: {k: v for k, v in figures.items() if k in keys} for setup, figures in run.items()}
+                for run in results["runs"]]
+        return {**whole, "item": item, "commit": commit, "command": f"bench {item}",
+                "results": {**results, "runs": runs, "config": {**results["config"], "workloads": workloads},
+                            "memory": results["memory"] if memory else {}}}
+
+    single = {k for run in results["runs"] for figures in run.values() for k in figures if k.startswith(
+        ("single_", "refuse_"))}
+    parts = [part("bench-x-single", "a" * 40, single, ["single", "refuse"], False),
+             part("bench-x-threads", "b" * 40, {"multi_turn"}, ["multi"], False),
+             part("bench-x-prefix", "b" * 40, {"prefix_reuse"}, ["prefix", "memory"], True)]
+    text = VIEWS["bench"](parts)
+    table = readme_tables(merge([{**p["results"], "command": p["command"]} for p in parts]))
+    assert text == table + (
+        "\n*The parts were measured at 2 commits (bench-x-single at aaaaaaa; bench-x-threads, bench-x-prefix at "
+        "bbbbbbb); every ratio reads one part. What changed between them: `git diff --stat aaaaaaa bbbbbbb -- . "
+        "':!docs' ':!tests'`.*\n")
+    assert VIEWS["bench"]([{**p, "commit": "a" * 40} for p in parts]) == table  # one commit: no such line
+    with pytest.raises(ValueError, match="one bench's parts measure one model"):
+        VIEWS["bench"]([parts[0], {**parts[1], "fingerprints": {"model": "another"}}])
