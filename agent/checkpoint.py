@@ -15,6 +15,7 @@ from gatehead.retrieval.config import StoreConfig
 
 THREADS_FILE = "threads.sqlite"
 MIGRATION_LOCK = int.from_bytes(b"gatehead")  # the Postgres advisory lock key the checkpointer's migrations take
+MIGRATION_WAIT_S = 300.0  # how long a replica waits for another's migrations before it gives up
 
 
 def default_checkpoint_path(store: StoreConfig) -> Path:
@@ -59,18 +60,37 @@ async def _migrate(saver) -> None:
     database would each apply them and all but one fail on its version table ("duplicate key value violates
     unique constraint checkpoint_migrations_pkey"). A session advisory lock, released however setup ends, and
     asked for by polling: a process blocked in `pg_advisory_lock` sits in an open transaction, which the holder's
-    `CREATE INDEX CONCURRENTLY` waits for (a deadlock Postgres reports)."""
-    while True:
-        async with saver.conn.cursor() as cur:
-            await cur.execute("SELECT pg_try_advisory_lock(%s) AS got", (MIGRATION_LOCK,))
-            if (await cur.fetchone())["got"]:
-                break
+    `CREATE INDEX CONCURRENTLY` waits for (a deadlock Postgres reports). A holder that keeps the lock past
+    `MIGRATION_WAIT_S` (a hung replica, a session left open by hand) is named in the error, not waited on forever."""
+    deadline = asyncio.get_running_loop().time() + MIGRATION_WAIT_S
+    while not await _try_lock(saver):
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError(f"waited {MIGRATION_WAIT_S:.0f} s for the checkpointer's migration lock (Postgres "
+                               f"advisory lock {MIGRATION_LOCK}), held by {await _lock_holders(saver)}; end that "
+                               f"session (SELECT pg_terminate_backend(pid)) or wait for its migrations to finish")
         await asyncio.sleep(0.2)
     try:
         await saver.setup()
     finally:
         async with saver.conn.cursor() as cur:
             await cur.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK,))
+
+
+async def _try_lock(saver) -> bool:
+    async with saver.conn.cursor() as cur:
+        await cur.execute("SELECT pg_try_advisory_lock(%s) AS got", (MIGRATION_LOCK,))
+        return bool((await cur.fetchone())["got"])
+
+
+async def _lock_holders(saver) -> str:
+    """The sessions holding the migration lock, as `pid N (application, client address)`."""
+    async with saver.conn.cursor() as cur:
+        await cur.execute("SELECT l.pid, a.application_name AS app, a.client_addr::text AS addr FROM pg_locks l "
+                          "LEFT JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory' AND "
+                          "l.granted AND ((l.classid::bigint << 32) | l.objid::bigint) = %s", (MIGRATION_LOCK,))
+        rows = await cur.fetchall()
+    return ", ".join(f"pid {r['pid']} ({r['app'] or 'no application name'}, {r['addr'] or 'local socket'})"
+                     for r in rows) or "a session that has since let it go"
 
 
 def _redacted(url: str) -> str:

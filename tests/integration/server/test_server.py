@@ -749,6 +749,27 @@ def test_replicas_opening_a_fresh_database_together_each_get_a_checkpointer() ->
         asyncio.run(together(url))
 
 
+def test_a_replica_whose_migration_lock_is_held_past_the_wait_gives_up_naming_the_holder(monkeypatch) -> None:
+    import psycopg
+
+    from gatehead.agent import checkpoint
+
+    async def opened(url: str) -> None:
+        async with checkpoint.open_checkpointer(url) as saver:
+            assert saver.conn is not None
+
+    monkeypatch.setattr(checkpoint, "MIGRATION_WAIT_S", 1.0)
+    with loopback_postgres() as url:
+        with psycopg.connect(url, autocommit=True, application_name="held-by-hand") as holder:
+            holder.execute("SELECT pg_advisory_lock(%s)", (checkpoint.MIGRATION_LOCK,))
+            started = time.monotonic()
+            with pytest.raises(TimeoutError, match=rf"held by pid {holder.info.backend_pid} \(held-by-hand, "):
+                asyncio.run(opened(url))
+            assert time.monotonic() - started < 30  # the wait ended at its deadline, not never
+            holder.execute("SELECT pg_advisory_unlock(%s)", (checkpoint.MIGRATION_LOCK,))
+        asyncio.run(opened(url))  # the lock let go: the next replica migrates and opens
+
+
 def two_replicas(url: str, tmp_path_factory) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
