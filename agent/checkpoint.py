@@ -62,12 +62,13 @@ async def _migrate(saver) -> None:
     asked for by polling: a process blocked in `pg_advisory_lock` sits in an open transaction, which the holder's
     `CREATE INDEX CONCURRENTLY` waits for (a deadlock Postgres reports). A holder that keeps the lock past
     `MIGRATION_WAIT_S` (a hung replica, a session left open by hand) is named in the error, not waited on forever."""
-    deadline = asyncio.get_running_loop().time() + MIGRATION_WAIT_S
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + MIGRATION_WAIT_S
     while not await _try_lock(saver):
-        if asyncio.get_running_loop().time() > deadline:
+        if loop.time() > deadline and (holders := await _lock_holders(saver)):  # none: let go just now, try again
             raise TimeoutError(f"waited {MIGRATION_WAIT_S:.0f} s for the checkpointer's migration lock (Postgres "
-                               f"advisory lock {MIGRATION_LOCK}), held by {await _lock_holders(saver)}; end that "
-                               f"session (SELECT pg_terminate_backend(pid)) or wait for its migrations to finish")
+                               f"advisory lock {MIGRATION_LOCK}), held by {holders}; end that session "
+                               f"(SELECT pg_terminate_backend(pid)) or wait for its migrations to finish")
         await asyncio.sleep(0.2)
     try:
         await saver.setup()
@@ -83,14 +84,14 @@ async def _try_lock(saver) -> bool:
 
 
 async def _lock_holders(saver) -> str:
-    """The sessions holding the migration lock, as `pid N (application, client address)`."""
+    """The sessions holding the migration lock, as `pid N (application, client address)`; "" where none does."""
     async with saver.conn.cursor() as cur:
         await cur.execute("SELECT l.pid, a.application_name AS app, a.client_addr::text AS addr FROM pg_locks l "
                           "LEFT JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory' AND "
                           "l.granted AND ((l.classid::bigint << 32) | l.objid::bigint) = %s", (MIGRATION_LOCK,))
         rows = await cur.fetchall()
     return ", ".join(f"pid {r['pid']} ({r['app'] or 'no application name'}, {r['addr'] or 'local socket'})"
-                     for r in rows) or "a session that has since let it go"
+                     for r in rows)
 
 
 def _redacted(url: str) -> str:
