@@ -11,7 +11,12 @@ poorer kind's code paths, in each library that chooses by the CPU:
 - oneDNN, torch's and vLLM's, is capped at that ISA (`ONEDNN_MAX_CPU_ISA`: AVX512_CORE | AVX2), so
   a bf16 primitive is refused or emulated where that CPU would refuse or emulate it;
 - MKL's GEMMs take that ISA's code path (`MKL_ENABLE_INSTRUCTIONS`: AVX512 | AVX2), so fp32 sums are
-  blocked as on that CPU.
+  blocked as on that CPU;
+- torch.compile's kernels come from an inductor cache of that kind alone (`TORCHINDUCTOR_CACHE_DIR`, the
+  default or the one set, with `-avx512` | `-avx2` appended), not the host's native runs' cache: on an
+  AVX-512 BF16 host that had run natively, both TP=2 engines (stock and gatehead's) looked up rows out
+  of range in vLLM's tensor-parallel embedding under the AVX2 emulation with the shared cache (its
+  `get_masked_input_and_mask` is torch.compile'd), and pass with a cache of the emulated kind's own.
 The variables must be set before the libraries first run: `tests/conftest.py` calls `apply()` before it
 imports torch and puts this folder on PYTHONPATH, so its `sitecustomize` applies it at the start of
 every Python process the tests start (vLLM's engine cores and workers included). It does not emulate
@@ -22,7 +27,9 @@ native, and emulated kinds run fp32.
 
 from __future__ import annotations
 
+import getpass
 import os
+import tempfile
 
 VARIABLE = "GATEHEAD_TEST_CPU_ISA"
 CHOICES = ("native", "avx512", "avx2")
@@ -51,8 +58,21 @@ def requested() -> str:
 
 def apply_environment() -> None:
     """Set the emulated kind's variables; call before torch is imported."""
-    for name, value in ENVIRONMENT.get(requested(), {}).items():
+    kind = requested()
+    for name, value in ENVIRONMENT.get(kind, {}).items():
         os.environ[name] = value
+    if kind != "native":
+        os.environ[INDUCTOR_CACHE] = inductor_cache(kind, os.environ.get(INDUCTOR_CACHE))
+
+
+INDUCTOR_CACHE = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def inductor_cache(kind: str, current: str | None) -> str:
+    """The inductor cache directory of an emulated `kind`: `current` (else inductor's default,
+    <tmp>/torchinductor_<user>) with `-<kind>` appended, once (a child process inherits it set)."""
+    base = current or os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
+    return base if base.endswith(f"-{kind}") else f"{base}-{kind}"
 
 
 def apply() -> None:
