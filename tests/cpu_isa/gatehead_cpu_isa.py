@@ -33,6 +33,7 @@ import tempfile
 
 VARIABLE = "GATEHEAD_TEST_CPU_ISA"
 CHOICES = ("native", "avx512", "avx2")
+INDUCTOR_CACHE = "TORCHINDUCTOR_CACHE_DIR"  # torch.compile's kernels: one cache per emulated kind
 
 # The environment of each emulated kind: torch's kernels, oneDNN, MKL.
 ENVIRONMENT = {
@@ -63,9 +64,6 @@ def apply_environment() -> None:
         os.environ[name] = value
     if kind != "native":
         os.environ[INDUCTOR_CACHE] = inductor_cache(kind, os.environ.get(INDUCTOR_CACHE))
-
-
-INDUCTOR_CACHE = "TORCHINDUCTOR_CACHE_DIR"
 
 
 def inductor_cache(kind: str, current: str | None) -> str:
